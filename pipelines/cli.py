@@ -1,0 +1,152 @@
+"""`replab` (also `python -m pipelines`): thin commands over the jobs (SPEC §6.1). No logic of its own.
+
+Exit codes: 0 success; 2 bad input (trace, policy, arguments) with a one-line reason on stderr; 3 a
+data-quality gate failed; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from pipelines import __version__
+from schemas.errors import BadInput, ReplabError
+
+EPILOG = """\
+examples:
+  replab policies                                    every family, preset and parameter
+  replab generate --scenario k2-acks1-leader-crash --out traces/k2
+  replab replay --trace traces/k2 --policy kafka-acks1 --policy kafka-durable --summary-json k2.json
+  replab demo                                        the whole pipeline on the embedded default
+
+Policies are FAMILY[:param=value,...] or PRESET[:param=value,...], e.g. kafka:acks=1 or kafka-durable.
+Exit codes: 0 ok, 2 bad input, 3 a data-quality gate failed, 1 anything else.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with 2 on bad arguments, as SPEC §6.1 wants; keep its one-line message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="replab",
+        description="Replay cluster traces under Kafka and RocketMQ replication policies and compare what each "
+                    "costs: acknowledged messages lost, write unavailability, ack latency, brokers.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"replab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_text: str, handler: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("generate", "write a synthetic trace from a scenario (SPEC §8)", "pipelines.generate_job:cli")
+    p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="library name or a YAML file")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes; default 0)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply rate and duration (default 1.0)")
+    p.add_argument("--out", required=True, metavar="DIR", help="trace directory to write")
+    p.add_argument("--live", action="store_true", help="append event files over time (for stream replays)")
+    p.add_argument("--live-speed", type=float, default=1.0, metavar="X",
+                   help="with --live: trace seconds per wall-clock second (default 1.0)")
+
+    p = command("validate", "run the trace quality gate (SPEC §2.3, §7)", "pipelines.validate_job:cli")
+    p.add_argument("--trace", required=True, metavar="DIR")
+    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR",
+                   help="where the quarantine and validations tables go (default ./lakehouse)")
+
+    p = command("replay", "replay a trace under one or more policies (SPEC §4)", "pipelines.replay_job:cli")
+    p.add_argument("--trace", required=True, metavar="DIR")
+    p.add_argument("--policy", required=True, action="append", metavar="SPEC",
+                   help="FAMILY[:k=v,...] or PRESET[:k=v,...]; repeat for several (one pass)")
+    p.add_argument("--mode", choices=("batch", "stream"), default="batch")
+    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
+    p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    p.add_argument("--experiment", default=None, metavar="NAME", help="MLflow experiment (default: the trace id)")
+    p.add_argument("--window-ms", type=int, default=1000, metavar="N", help="metric window (default 1000)")
+    p.add_argument("--summary-json", default=None, metavar="FILE", help="write the run summaries as JSON")
+    p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    p.add_argument("--allowed-lateness-ms", type=int, default=0, metavar="N",
+                   help="stream mode: event-time lateness tolerated before rows count as late")
+    p.add_argument("--checkpoint", default=None, metavar="DIR", help="stream mode: checkpoint location")
+
+    p = command("compare", "compare the runs of an experiment: table, Pareto plot, HTML report",
+                "pipelines.compare_job:cli")
+    p.add_argument("--experiment", required=True, metavar="NAME")
+    p.add_argument("--out", default=None, metavar="DIR", help="report folder (default ./reports/<experiment>)")
+    p.add_argument("--tracking-uri", default=None, metavar="URI")
+
+    p = command("sweep", "many seeds × many policies: probabilities with confidence intervals",
+                "pipelines.sweep_job:cli")
+    p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml")
+    p.add_argument("--seeds", type=int, required=True, metavar="N")
+    p.add_argument("--policy", required=True, action="append", metavar="SPEC")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR")
+    p.add_argument("--tracking-uri", default=None, metavar="URI")
+    p.add_argument("--out", default=None, metavar="DIR", help="where the generated traces go")
+
+    p = command("policies", "every family, preset and parameter with its default", "pipelines.catalog:policies_cli")
+    p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+
+    p = command("scenarios", "the scenario library", "pipelines.catalog:scenarios_cli")
+    p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+
+    p = command("demo", "the main job on the embedded default: generate, validate, replay every preset, "
+                "lakehouse, MLflow, report", "pipelines.demo_job:cli")
+    p.add_argument("--out", default="demo", metavar="DIR", help="where everything goes (default ./demo)")
+    p.add_argument("--scenario", default=None, metavar="NAME", help="override the demo scenario")
+    p.add_argument("--scale", type=float, default=None, help="override the demo scale")
+    return parser
+
+
+def _resolve(handler: str) -> Callable[[argparse.Namespace], int | None]:
+    module_name, _, func = handler.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise ReplabError(f"this command is not available in replab {__version__} yet") from exc
+        raise
+    return getattr(module, func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        if getattr(args, "policy", None):
+            # Bad policy strings are bad input whatever the command (exit 2), checked before any work starts.
+            from replay.policies import parse_policy
+
+            args.policies = [parse_policy(p) for p in args.policy]
+        code = _resolve(args.handler)(args)
+        return int(code or 0)
+    except ReplabError as exc:
+        print(f"replab {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def json_dump(obj: object) -> str:
+    return json.dumps(obj, indent=1, sort_keys=False, default=str)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["BadInput", "build_parser", "main"]

@@ -1,0 +1,132 @@
+"""The one SparkSession factory (STYLE: one way to do each thing).
+
+Local by default (`local[*]`, settings for a small machine), Delta extensions and catalog always, and Delta's
+jars only when nobody else provides them: on Databricks, or under `spark-submit --packages`, the cluster already
+has them and the factory just returns the running session.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DELTA_SCALA = "2.13"
+#: The jar Spark downloads must match the pinned delta-spark wheel (requirements.txt).
+DELTA_VERSION = "4.4.0"
+_DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def delta_package() -> str:
+    """Maven coordinate of Delta for the installed pyspark (`delta-spark_<spark major.minor>_2.13`)."""
+    import pyspark
+
+    major_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{major_minor}_{DELTA_SCALA}:{DELTA_VERSION}"
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get("REPLAB_JARS_DIR", _REPO_ROOT / ".cache" / "jars"))
+
+
+def _cached_jars() -> list[str] | None:
+    """Jars resolved by an earlier run, so that later runs start without Maven Central."""
+    listing = jars_dir() / f"{delta_package().replace(':', '_')}.list"
+    if not listing.is_file():
+        return None
+    jars = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    return jars if jars and all(Path(j).is_file() for j in jars) else None
+
+
+def _remember_jars() -> None:
+    ivy_jars = jars_dir() / "ivy" / "jars"
+    if ivy_jars.is_dir():
+        listing = jars_dir() / f"{delta_package().replace(':', '_')}.list"
+        listing.write_text("\n".join(str(p) for p in sorted(ivy_jars.glob("*.jar"))) + "\n")
+
+
+def _running_on_cluster_session() -> bool:
+    # Databricks notebooks/jobs and spark-submit start the JVM before our code runs: configs such as
+    # spark.jars.packages can no longer be applied, and the platform decides what is on the classpath.
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def get_spark(
+    app_name: str = "replab",
+    *,
+    master: str | None = None,
+    shuffle_partitions: int | None = None,
+    ui: bool | None = None,
+    extra_conf: dict[str, str] | None = None,
+):
+    """Return the SparkSession every replab job and test uses."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if _running_on_cluster_session():
+        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        _check_delta(spark)
+        return spark
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    cores = os.cpu_count() or 2
+    master = master or os.environ.get("REPLAB_SPARK_MASTER", "local[*]")
+    if ui is None:
+        ui = os.environ.get("REPLAB_SPARK_UI", "0") == "1"
+    conf = {
+        **_DELTA_CONF,
+        "spark.app.name": app_name,
+        "spark.master": master,
+        "spark.driver.memory": os.environ.get("REPLAB_DRIVER_MEMORY", "4g"),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or max(2, 2 * cores)),
+        "spark.default.parallelism": str(max(2, 2 * cores)),
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.enabled": str(ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+        "spark.sql.execution.pythonUDF.arrow.enabled": "true",
+        # transformWithStateInPandas needs RocksDB (the default store cannot hold several column families).
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        # Delta's snapshot reconstruction defaults to 50 tasks; tables here are small per commit.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.databricks.delta.optimizeWrite.enabled": "false",
+        "spark.sql.warehouse.dir": os.environ.get("REPLAB_WAREHOUSE_DIR", str(Path.cwd() / "spark-warehouse")),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}",
+    }
+    jars = _cached_jars()
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    else:
+        conf["spark.jars.packages"] = delta_package()
+        conf["spark.jars.ivy"] = str(jars_dir() / "ivy")
+    conf.update(extra_conf or {})
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("REPLAB_SPARK_LOG_LEVEL", "ERROR"))
+    if not jars:
+        _remember_jars()
+    return spark
+
+
+def _check_delta(spark) -> None:
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+    except Exception as exc:  # py4j wraps ClassNotFoundException
+        from schemas.errors import ReplabError
+
+        raise ReplabError(
+            f"Delta Lake is not on this cluster's classpath: add --packages {delta_package()} to spark-submit "
+            "(SPEC §6.2), or use a Databricks runtime with Delta"
+        ) from exc

@@ -1,0 +1,157 @@
+"""The one trace loader (SPEC §2): a trace directory in, typed events out, or a BadInput naming file and row.
+
+The loader checks the format only: manifest, columns, types and kinds. It never guesses or coerces (a float
+column where int64 is due is an error, not a cast). The validity rules of SPEC §2.3 are the trace gate's job
+(`expectations/`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.dataset as pads
+
+from schemas.errors import BadInput
+from schemas.trace import EVENT_ARROW_SCHEMA, EVENT_COLUMNS, KIND_LABELS, Manifest, TraceFiles
+
+_INT_RANGES = {pa.int64(): (-(2**63), 2**63 - 1), pa.int32(): (-(2**31), 2**31 - 1)}
+
+
+def locate(trace_dir: str | Path) -> TraceFiles:
+    """Find the manifest and the events of a trace directory."""
+    root = Path(trace_dir)
+    if not root.is_dir():
+        raise BadInput("trace directory does not exist", file=str(root), rule="trace-layout")
+    manifest = Manifest.read(root)
+    parquet_dir, csv_file = root / "events", root / "events.csv"
+    if parquet_dir.is_dir():
+        return TraceFiles(root, manifest, parquet_dir, is_csv=False)
+    if csv_file.is_file():
+        return TraceFiles(root, manifest, csv_file, is_csv=True)
+    raise BadInput("no events: expected an events/ Parquet folder or events.csv", file=str(root),
+                   rule="trace-layout")
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if pa.types.is_dictionary(actual):
+        actual = actual.value_type
+    if expected == pa.string():
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    return actual == expected
+
+
+def check_arrow_schema(schema: pa.Schema, *, file: str) -> None:
+    """Every column of SPEC §2.1 present with its exact type (extra columns are ignored)."""
+    for name, expected in EVENT_COLUMNS:
+        idx = schema.get_field_index(name)
+        if idx < 0:
+            raise BadInput(f"missing column '{name}' ({expected})", file=file, rule="column-missing")
+        actual = schema.field(idx).type
+        if not _same_type(actual, expected):
+            raise BadInput(f"column '{name}' has type {actual}, expected {expected}", file=file,
+                           rule="column-type")
+
+
+def _first_false(mask: pa.ChunkedArray | pa.Array) -> int | None:
+    """Index of the first false in a boolean array (nulls count as true), or None."""
+    filled = pc.fill_null(mask, True)
+    if pc.all(filled).as_py():
+        return None
+    return int(pc.index(filled, False).as_py())
+
+
+def _parse_csv(path: Path) -> pa.Table:
+    """Read events.csv as text, then type each column; a bad value names its row (1-based, header excluded)."""
+    try:
+        raw = pacsv.read_csv(
+            path,
+            convert_options=pacsv.ConvertOptions(
+                column_types={n: pa.string() for n, _ in EVENT_COLUMNS}, strings_can_be_null=True,
+                null_values=[""], quoted_strings_can_be_null=False,
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise BadInput(f"unreadable CSV: {exc}", file=str(path), rule="csv") from exc
+    for name, _ in EVENT_COLUMNS:
+        if name not in raw.column_names:
+            raise BadInput(f"missing column '{name}'", file=str(path), rule="column-missing")
+    arrays = {}
+    for name, typ in EVENT_COLUMNS:
+        col = raw.column(name)
+        if typ == pa.string():
+            arrays[name] = col
+            continue
+        ok = pc.match_substring_regex(pc.utf8_trim_whitespace(col), r"^[+-]?[0-9]+$")
+        bad = _first_false(ok)
+        if bad is not None:
+            raise BadInput(f"column '{name}' value {col[bad].as_py()!r} is not an integer ({typ})",
+                           file=str(path), row=bad + 1, rule="column-type")
+        as_int = pc.cast(pc.utf8_trim_whitespace(col), pa.int64())
+        lo, hi = _INT_RANGES[typ]
+        bad = _first_false(pc.and_(pc.greater_equal(as_int, lo), pc.less_equal(as_int, hi)))
+        if bad is not None:
+            raise BadInput(f"column '{name}' value {col[bad].as_py()!r} does not fit {typ}", file=str(path),
+                           row=bad + 1, rule="column-type")
+        arrays[name] = pc.cast(as_int, typ)
+    return pa.table(arrays, schema=EVENT_ARROW_SCHEMA)
+
+
+def check_kinds(table: pa.Table, *, file: str) -> None:
+    bad = _first_false(pc.and_(pc.is_valid(table["kind"]), pc.is_in(table["kind"], pa.array(KIND_LABELS))))
+    if bad is not None:
+        raise BadInput(f"unknown kind {table['kind'][bad].as_py()!r} (known: {', '.join(KIND_LABELS)})",
+                       file=file, row=bad + 1, rule="kind-unknown")
+
+
+def read_events_arrow(trace: TraceFiles | str | Path) -> tuple[Manifest, pa.Table]:
+    """Read a (small) trace into one Arrow table without Spark: tests, the reference interpreter, CSV traces."""
+    tf = trace if isinstance(trace, TraceFiles) else locate(trace)
+    if tf.is_csv:
+        table = _parse_csv(tf.events_path)
+        check_kinds(table, file=str(tf.events_path))
+        return tf.manifest, table
+    dataset = pads.dataset(tf.events_path, format="parquet")
+    parts = []
+    for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
+        check_arrow_schema(fragment.physical_schema, file=fragment.path)
+        part = fragment.to_table(columns=[n for n, _ in EVENT_COLUMNS])
+        check_kinds(part, file=fragment.path)
+        parts.append(part.cast(EVENT_ARROW_SCHEMA))
+    table = pa.concat_tables(parts) if parts else EVENT_ARROW_SCHEMA.empty_table()
+    return tf.manifest, table
+
+
+def read_events_spark(spark, trace: TraceFiles | str | Path):
+    """Read a trace's events as a Spark DataFrame with the exact schema of SPEC §2.1.
+
+    Parquet is checked file by file from its footers (no data scan), then kinds are checked with one Spark
+    query that names the file and row of the first unknown kind. CSV traces are hand-written and small: they
+    are parsed with Arrow (row-exact errors) and handed to Spark.
+    """
+    from pyspark.sql import functions as F
+
+    from schemas.trace import event_spark_schema
+
+    tf = trace if isinstance(trace, TraceFiles) else locate(trace)
+    if tf.is_csv:
+        _, table = read_events_arrow(tf)
+        return tf.manifest, spark.createDataFrame(table.to_pandas(), schema=event_spark_schema())
+    dataset = pads.dataset(tf.events_path, format="parquet")
+    for fragment in dataset.get_fragments():
+        check_arrow_schema(fragment.physical_schema, file=fragment.path)
+    df = spark.read.schema(event_spark_schema()).parquet(str(tf.events_path))
+    unknown = (
+        df.select("kind", F.col("_metadata.file_path").alias("file"), F.col("_metadata.row_index").alias("row"))
+        .where(F.col("kind").isNull() | ~F.col("kind").isin(*KIND_LABELS))
+        .orderBy("file", "row")
+        .limit(1)
+        .collect()
+    )
+    if unknown:
+        r = unknown[0]
+        raise BadInput(f"unknown kind {r['kind']!r} (known: {', '.join(KIND_LABELS)})", file=r["file"],
+                       row=int(r["row"]) + 1, rule="kind-unknown")
+    return tf.manifest, df.select(*[n for n, _ in EVENT_COLUMNS])

@@ -1,0 +1,54 @@
+"""Codes of per-message outcomes (SPEC §4.1), shared by the reference, the kernels and the Spark layer.
+
+Kernels work on small integer codes; tables hold the labels.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+NULL_US = -1  # "no value" in int64 time/offset arrays (becomes SQL NULL in tables)
+
+
+class Status(IntEnum):
+    ACKED = 0
+    FAILED = 1
+    PENDING = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Fate(IntEnum):
+    COMMITTED = 0  # consumers of its partition will read it
+    LOST = 1  # appended, but no replica will ever serve it (truncated or destroyed)
+    ABSENT = 2  # never appended
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Error(IntEnum):
+    """Why a message failed (SPEC §4.1 `error`); NONE for acked and pending messages."""
+
+    NONE = 0
+    NOT_ENOUGH_REPLICAS = 1
+    REQUEST_TIMEOUT = 2
+    DELIVERY_TIMEOUT = 3
+    NO_LEADER = 4
+    SLAVE_NOT_AVAILABLE = 5
+    FLUSH_SLAVE_TIMEOUT = 6
+    FLUSH_DISK_TIMEOUT = 7
+    IN_SYNC_REPLICAS_NOT_ENOUGH = 8
+    NO_ROUTE = 9
+
+    @property
+    def label(self) -> str | None:
+        return None if self is Error.NONE else self.name.lower()
+
+
+STATUS_LABELS = [s.label for s in Status]
+FATE_LABELS = [f.label for f in Fate]
+ERROR_LABELS = [e.label for e in Error]

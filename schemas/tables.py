@@ -1,0 +1,172 @@
+"""The Delta tables of SPEC §4-5, declared once. Tables are created with these schemas, never inferred.
+
+`TABLES[name]` gives the schema (Spark DDL, so that it reads like the spec), how the table is partitioned, and
+its table properties. Column order is the spec's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    ddl: str
+    partition_by: tuple[str, ...] = ()
+    #: Column whose value identifies "this run's rows" (replaced as one unit, SPEC §5).
+    run_key: str = "run_id"
+    properties: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def fields(self) -> list[tuple[str, str, bool]]:
+        """(name, type, nullable) parsed from the DDL, which is kept in the spec's own words."""
+        out = []
+        for part in _split_top_level(self.ddl):
+            name, _, rest = part.strip().partition(" ")
+            rest = rest.strip()
+            nullable = not rest.upper().endswith("NOT NULL")
+            typ = rest[: -len("NOT NULL")].strip() if not nullable else rest
+            out.append((name.strip("`"), typ.upper().replace(" ", ""), nullable))
+        return out
+
+    @property
+    def columns(self) -> list[str]:
+        return [name for name, _, _ in self.fields]
+
+    def spark_schema(self):
+        from pyspark.sql import types as T
+
+        return T.StructType([T.StructField(n, _spark_type(t), nullable) for n, t, nullable in self.fields])
+
+    def arrow_schema(self):
+        import pyarrow as pa
+
+        return pa.schema([pa.field(n, _arrow_type(t), nullable) for n, t, nullable in self.fields])
+
+
+def _split_top_level(ddl: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(ddl):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(ddl[start:i])
+            start = i + 1
+    parts.append(ddl[start:])
+    return parts
+
+
+def _spark_type(t: str):
+    from pyspark.sql import types as T
+
+    simple = {"STRING": T.StringType(), "BIGINT": T.LongType(), "INT": T.IntegerType(), "DOUBLE": T.DoubleType(),
+              "BOOLEAN": T.BooleanType(), "TIMESTAMP": T.TimestampType()}
+    if t in simple:
+        return simple[t]
+    if t.startswith("ARRAY<"):
+        return T.ArrayType(_spark_type(t[6:-1]), True)
+    if t.startswith("MAP<"):
+        k, v = _split_top_level(t[4:-1])
+        return T.MapType(_spark_type(k), _spark_type(v), True)
+    raise ValueError(f"unsupported column type {t}")
+
+
+def _arrow_type(t: str):
+    import pyarrow as pa
+
+    simple = {"STRING": pa.string(), "BIGINT": pa.int64(), "INT": pa.int32(), "DOUBLE": pa.float64(),
+              "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}
+    if t in simple:
+        return simple[t]
+    if t.startswith("ARRAY<"):
+        return pa.list_(_arrow_type(t[6:-1]))
+    if t.startswith("MAP<"):
+        k, v = _split_top_level(t[4:-1])
+        return pa.map_(_arrow_type(k), _arrow_type(v))
+    raise ValueError(f"unsupported column type {t}")
+
+
+_BIG = {"delta.autoOptimize.optimizeWrite": "true", "delta.autoOptimize.autoCompact": "true"}
+_SMALL = {"delta.autoOptimize.autoCompact": "true"}
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in (
+    TableSpec(
+        "runs",
+        "run_id STRING NOT NULL, trace_id STRING NOT NULL, policy STRING NOT NULL, family STRING NOT NULL, "
+        "params MAP<STRING, STRING>, mode STRING NOT NULL, started_at TIMESTAMP, finished_at TIMESTAMP, "
+        "status STRING NOT NULL, mlflow_run_id STRING, replab_version STRING NOT NULL",
+        properties=_SMALL, description="one row per replay (SPEC §4.4)",
+    ),
+    TableSpec(
+        "run_summary",
+        "run_id STRING NOT NULL, produced BIGINT, acked BIGINT, failed BIGINT, pending BIGINT, acked_lost BIGINT, "
+        "acked_lost_rate DOUBLE, failed_committed BIGINT, stranded BIGINT, availability DOUBLE, "
+        "unavailable_partition_seconds DOUBLE, ack_latency_p50_ms DOUBLE, ack_latency_p99_ms DOUBLE, "
+        "ack_latency_p999_ms DOUBLE, ack_latency_max_ms DOUBLE, visibility_lag_p99_ms DOUBLE, brokers_used INT, "
+        "replicas_per_message DOUBLE, replication_bytes BIGINT",
+        properties=_SMALL, description="the run's headline figures (SPEC §4.4)",
+    ),
+    TableSpec(
+        "message_outcomes",
+        "run_id STRING NOT NULL, msg_id BIGINT NOT NULL, key STRING, producer_id INT, `partition` INT, "
+        "produce_us BIGINT NOT NULL, status STRING NOT NULL, error STRING, ack_us BIGINT, latency_us BIGINT, "
+        "fate STRING NOT NULL, readable_at_end BOOLEAN NOT NULL, `offset` BIGINT, visible_us BIGINT",
+        partition_by=("run_id",), properties=_BIG, description="one row per produced message (SPEC §4.1)",
+    ),
+    TableSpec(
+        "partition_states",
+        "run_id STRING NOT NULL, `partition` INT NOT NULL, ts_us BIGINT NOT NULL, leader INT, leader_epoch INT, "
+        "isr ARRAY<INT>, log_end_offset BIGINT, high_watermark BIGINT",
+        partition_by=("run_id",), properties=_BIG,
+        description="per-partition timeline: a row at every leader/epoch/ISR change and the last log-end/high-"
+                    "watermark change of every window (SPEC §4.2)",
+    ),
+    TableSpec(
+        "committed_offsets",
+        "window_start_us BIGINT NOT NULL, window_end_us BIGINT NOT NULL, run_id STRING NOT NULL, "
+        "`partition` INT NOT NULL, high_watermark BIGINT, log_end_offset BIGINT, leader INT, isr_size INT, "
+        "under_min_isr BOOLEAN, visibility_lag_p99_us BIGINT",
+        partition_by=("run_id",), properties=_BIG, description="windowed offsets (SPEC §4.3)",
+    ),
+    TableSpec(
+        "loss_metrics",
+        "window_start_us BIGINT NOT NULL, window_end_us BIGINT NOT NULL, run_id STRING NOT NULL, "
+        "`partition` INT NOT NULL, produced BIGINT, acked BIGINT, failed BIGINT, acked_lost BIGINT, "
+        "failed_committed BIGINT, stranded BIGINT, unavailable_us BIGINT, ack_latency_p50_us BIGINT, "
+        "ack_latency_p99_us BIGINT, ack_latency_max_us BIGINT",
+        partition_by=("run_id",), properties=_BIG, description="windowed loss and availability (SPEC §4.3)",
+    ),
+    TableSpec(
+        "unavailability",
+        "run_id STRING NOT NULL, `partition` INT NOT NULL, start_us BIGINT NOT NULL, end_us BIGINT NOT NULL",
+        partition_by=("run_id",), properties=_SMALL,
+        description="intervals during which a produce to the partition could not be acknowledged (feeds "
+                    "loss_metrics.unavailable_us; an addition to SPEC §4.3 for drill-downs)",
+    ),
+    TableSpec(
+        "watermarks",
+        "run_id STRING NOT NULL, batch BIGINT NOT NULL, watermark_us BIGINT, max_event_us BIGINT, rows_in BIGINT, "
+        "rows_late BIGINT",
+        properties=_SMALL, description="the replay's own event-time progress (SPEC §4.3)",
+    ),
+    TableSpec(
+        "quarantine",
+        "run_id STRING, trace_id STRING NOT NULL, file STRING, `row` BIGINT, raw STRING, rule STRING NOT NULL, "
+        "severity STRING NOT NULL",
+        run_key="trace_id", properties=_SMALL, description="rows dropped by a gate, with the rule (SPEC §5)",
+    ),
+    TableSpec(
+        "validations",
+        "validation_id STRING NOT NULL, run_id STRING, trace_id STRING NOT NULL, suite STRING NOT NULL, "
+        "target STRING NOT NULL, success BOOLEAN NOT NULL, evaluated INT, successful INT, unexpected_rows BIGINT, "
+        "report_path STRING, validated_at TIMESTAMP",
+        run_key="trace_id", properties=_SMALL, description="every gate run (SPEC §5, §7)",
+    ),
+)}
+
+#: The fields of run_summary and of the summary JSON, in order (SPEC §4.4, §6.1).
+SUMMARY_FIELDS: tuple[str, ...] = tuple(c for c in TABLES["run_summary"].columns if c != "run_id")

@@ -1,0 +1,176 @@
+"""The trace format, version 1 (SPEC §2): manifest, event columns and kinds, in Arrow and Spark form."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.errors import BadInput
+
+TRACE_FORMAT = "replab-trace"
+TRACE_VERSION = 1
+
+
+class Kind(IntEnum):
+    """Event kinds; the integer value is the order of events with the same ts_us (SPEC §2.2)."""
+
+    CRASH = 0
+    POWER_LOSS = 1
+    DISK_LOSS = 2
+    SHUTDOWN = 3
+    ISOLATE = 4
+    RESTART = 5
+    HEAL = 6
+    REPLICATE = 7
+    PRODUCE = 8
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def from_label(cls, label: str) -> Kind:
+        return cls[label.upper()]
+
+
+KIND_LABELS: tuple[str, ...] = tuple(k.label for k in Kind)
+#: Kinds that stop a broker, and what survives (SPEC §2.2).
+STOP_KINDS = frozenset({Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN})
+
+#: The event columns of SPEC §2.1, in file order.
+EVENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("ts_us", pa.int64()),
+    ("kind", pa.string()),
+    ("broker", pa.int32()),
+    ("msg_id", pa.int64()),
+    ("key", pa.string()),
+    ("size_bytes", pa.int32()),
+    ("producer_id", pa.int32()),
+    ("upto_us", pa.int64()),
+)
+EVENT_ARROW_SCHEMA = pa.schema([pa.field(n, t, nullable=True) for n, t in EVENT_COLUMNS])
+
+
+def event_spark_schema():
+    """The Spark schema of the event columns (same names, same widths as the Arrow schema)."""
+    from pyspark.sql import types as T
+
+    spark_type = {pa.int64(): T.LongType(), pa.int32(): T.IntegerType(), pa.string(): T.StringType()}
+    return T.StructType([T.StructField(n, spark_type[t], True) for n, t in EVENT_COLUMNS])
+
+
+@dataclass(frozen=True)
+class Broker:
+    id: int
+    rack: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """`manifest.json` of a trace directory (SPEC §2)."""
+
+    trace_id: str
+    brokers: tuple[Broker, ...]
+    duration_us: int
+    seed: int | None = None
+    generator: dict[str, Any] | None = None
+    format: str = TRACE_FORMAT
+    version: int = TRACE_VERSION
+
+    @property
+    def broker_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(b.id for b in self.brokers))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "version": self.version,
+            "trace_id": self.trace_id,
+            "brokers": [{"id": b.id, "rack": b.rack} for b in self.brokers],
+            "duration_us": self.duration_us,
+            "seed": self.seed,
+            "generator": self.generator,
+        }
+
+    def write(self, trace_dir: str | Path) -> Path:
+        path = Path(trace_dir) / "manifest.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def parse(cls, raw: Any, *, file: str = "manifest.json") -> Manifest:
+        """Validate a decoded manifest; every problem names the key."""
+
+        def bad(key: str, why: str) -> BadInput:
+            return BadInput(f"manifest key '{key}': {why}", file=file, rule="manifest")
+
+        if not isinstance(raw, dict):
+            raise BadInput("manifest must be a JSON object", file=file, rule="manifest")
+        known = {"format", "version", "trace_id", "brokers", "duration_us", "seed", "generator"}
+        for key in raw:
+            if key not in known:
+                raise bad(key, f"unknown key (known: {', '.join(sorted(known))})")
+        for key in ("format", "version", "trace_id", "brokers", "duration_us"):
+            if key not in raw:
+                raise bad(key, "missing")
+        if raw["format"] != TRACE_FORMAT:
+            raise bad("format", f"must be '{TRACE_FORMAT}', got {raw['format']!r}")
+        if raw["version"] != TRACE_VERSION or isinstance(raw["version"], bool):
+            raise bad("version", f"this replab reads version {TRACE_VERSION}, got {raw['version']!r}")
+        if not isinstance(raw["trace_id"], str) or not raw["trace_id"]:
+            raise bad("trace_id", "must be a non-empty string")
+        duration = raw["duration_us"]
+        if not isinstance(duration, int) or isinstance(duration, bool) or duration < 0:
+            raise bad("duration_us", f"must be an integer >= 0, got {duration!r}")
+        if not isinstance(raw["brokers"], list) or not raw["brokers"]:
+            raise bad("brokers", "must be a non-empty list of {id, rack}")
+        brokers = []
+        for i, b in enumerate(raw["brokers"]):
+            if not isinstance(b, dict) or set(b) - {"id", "rack"} or "id" not in b:
+                raise bad(f"brokers[{i}]", "must be an object with 'id' (int) and 'rack' (string)")
+            if not isinstance(b["id"], int) or isinstance(b["id"], bool) or not (0 <= b["id"] < 2**31):
+                raise bad(f"brokers[{i}].id", f"must be an int32 >= 0, got {b['id']!r}")
+            rack = b.get("rack", "")
+            if not isinstance(rack, str):
+                raise bad(f"brokers[{i}].rack", "must be a string")
+            brokers.append(Broker(b["id"], rack))
+        ids = [b.id for b in brokers]
+        if len(set(ids)) != len(ids):
+            raise bad("brokers", "broker ids must be unique")
+        seed = raw.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise bad("seed", "must be an integer or null")
+        gen = raw.get("generator")
+        if gen is not None and not isinstance(gen, dict):
+            raise bad("generator", "must be an object or null")
+        return cls(raw["trace_id"], tuple(brokers), duration, seed, gen)
+
+    @classmethod
+    def read(cls, trace_dir: str | Path) -> Manifest:
+        path = Path(trace_dir) / "manifest.json"
+        if not path.is_file():
+            raise BadInput("missing manifest.json (a trace is a directory with manifest.json and events/ or "
+                           "events.csv, SPEC §2)", file=str(path), rule="manifest")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"not valid JSON ({exc.msg} at line {exc.lineno})", file=str(path),
+                           rule="manifest") from exc
+        return cls.parse(raw, file=str(path))
+
+
+@dataclass(frozen=True)
+class TraceFiles:
+    """Where a trace's events live: a Parquet dataset folder or one CSV file."""
+
+    root: Path
+    manifest: Manifest
+    events_path: Path
+    is_csv: bool
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,110 @@
+"""The trace loader: format errors name file, row and rule, and never coerce (SPEC §2, issue 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.trace_loader import read_events_arrow, read_events_spark
+from schemas.errors import BadInput
+from schemas.trace import EVENT_ARROW_SCHEMA, Manifest
+
+HEADER = "ts_us,kind,broker,msg_id,key,size_bytes,producer_id,upto_us\n"
+MANIFEST = {"format": "replab-trace", "version": 1, "trace_id": "t", "brokers": [{"id": 0, "rack": "a"}],
+            "duration_us": 1000, "seed": None, "generator": None}
+
+
+def make_trace(tmp_path, csv_body: str, manifest: dict | None = MANIFEST):
+    (tmp_path / "events.csv").write_text(HEADER + csv_body)
+    if manifest is not None:
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path
+
+
+def test_reads_csv_with_exact_types(tmp_path):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n5,produce,,1,k,10,0,\n")
+    manifest, table = read_events_arrow(trace)
+    assert manifest.trace_id == "t" and manifest.broker_ids == (0,)
+    assert table.schema == EVENT_ARROW_SCHEMA
+    assert table.column("msg_id").to_pylist() == [None, 1]
+    assert table.column("key").to_pylist() == [None, "k"]
+
+
+def test_missing_manifest(tmp_path):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n", manifest=None)
+    with pytest.raises(BadInput) as err:
+        read_events_arrow(trace)
+    assert err.value.exit_code == 2
+    assert "manifest.json" in str(err.value) and err.value.rule == "manifest"
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("format", "kafka", "format"), ("version", 2, "version"), ("duration_us", -1, "duration_us"),
+    ("brokers", [], "brokers"), ("extra", 1, "unknown key"),
+])
+def test_bad_manifest_names_key(tmp_path, key, value, needle):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n", manifest={**MANIFEST, key: value})
+    with pytest.raises(BadInput, match=needle):
+        read_events_arrow(trace)
+
+
+def test_unknown_kind_names_row(tmp_path):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n5,explode,0,,,,,\n")
+    with pytest.raises(BadInput) as err:
+        read_events_arrow(trace)
+    assert err.value.row == 2 and err.value.rule == "kind-unknown"
+    assert "events.csv" in str(err.value) and "'explode'" in str(err.value)
+
+
+def test_wrong_type_in_csv_names_row_and_column(tmp_path):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n5.5,produce,,1,,10,0,\n")
+    with pytest.raises(BadInput) as err:
+        read_events_arrow(trace)
+    assert err.value.row == 2 and err.value.rule == "column-type" and "ts_us" in str(err.value)
+
+
+def test_int32_overflow_is_an_error_not_a_cast(tmp_path):
+    trace = make_trace(tmp_path, "5,produce,,1,,3000000000,0,\n")
+    with pytest.raises(BadInput, match="does not fit int32"):
+        read_events_arrow(trace)
+
+
+def test_missing_column(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(MANIFEST))
+    (tmp_path / "events.csv").write_text("ts_us,kind,broker\n0,crash,0\n")
+    with pytest.raises(BadInput, match="missing column 'msg_id'"):
+        read_events_arrow(tmp_path)
+
+
+def test_parquet_wrong_type_names_file(tmp_path):
+    Manifest.parse(MANIFEST).write(tmp_path)
+    (tmp_path / "events").mkdir()
+    table = pa.table({"ts_us": pa.array([1.0]), "kind": ["crash"], "broker": pa.array([0], pa.int32()),
+                      "msg_id": pa.array([None], pa.int64()), "key": pa.array([None], pa.string()),
+                      "size_bytes": pa.array([None], pa.int32()), "producer_id": pa.array([None], pa.int32()),
+                      "upto_us": pa.array([None], pa.int64())})
+    pq.write_table(table, tmp_path / "events" / "part-0.parquet")
+    with pytest.raises(BadInput) as err:
+        read_events_arrow(tmp_path)
+    assert "part-0.parquet" in str(err.value) and err.value.rule == "column-type" and "ts_us" in str(err.value)
+
+
+@pytest.mark.spark
+def test_spark_loader_names_parquet_file_and_row(spark, tmp_path):
+    Manifest.parse(MANIFEST).write(tmp_path)
+    (tmp_path / "events").mkdir()
+    good = pa.table({"ts_us": pa.array([0, 1, 2], pa.int64()), "kind": ["crash", "restart", "melt"],
+                     "broker": pa.array([0, 0, 0], pa.int32()), "msg_id": pa.array([None] * 3, pa.int64()),
+                     "key": pa.array([None] * 3, pa.string()), "size_bytes": pa.array([None] * 3, pa.int32()),
+                     "producer_id": pa.array([None] * 3, pa.int32()), "upto_us": pa.array([None] * 3, pa.int64())})
+    pq.write_table(good, tmp_path / "events" / "part-0.parquet")
+    with pytest.raises(BadInput) as err:
+        read_events_spark(spark, tmp_path)
+    assert err.value.row == 3 and "part-0.parquet" in str(err.value) and "'melt'" in str(err.value)
+    (tmp_path / "events" / "part-0.parquet").unlink()
+    pq.write_table(good.slice(0, 2), tmp_path / "events" / "part-0.parquet")
+    _, df = read_events_spark(spark, tmp_path)
+    assert [r["kind"] for r in df.orderBy("ts_us").collect()] == ["crash", "restart"]
