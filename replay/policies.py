@@ -26,7 +26,7 @@ import conf
 from schemas.errors import BadInput
 
 
-class Acks(str, enum.Enum):
+class Acks(enum.StrEnum):
     """Kafka producer `acks`."""
 
     ZERO = "0"
@@ -34,31 +34,31 @@ class Acks(str, enum.Enum):
     ALL = "all"
 
 
-class Controller(str, enum.Enum):
+class Controller(enum.StrEnum):
     """Kafka metadata quorum; decides the broker session timeout."""
 
     KRAFT = "kraft"
     ZOOKEEPER = "zookeeper"
 
 
-class Assignment(str, enum.Enum):
+class Assignment(enum.StrEnum):
     """Kafka replica placement (SPEC §3.2)."""
 
     SEED = "seed"
     KAFKA = "kafka"
 
 
-class FlushMode(str, enum.Enum):
+class FlushMode(enum.StrEnum):
     SYNC = "sync"
     ASYNC = "async"
 
 
-class BrokerRole(str, enum.Enum):
+class BrokerRole(enum.StrEnum):
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
 
 
-class Reconcile(str, enum.Enum):
+class Reconcile(enum.StrEnum):
     MASTER_WINS = "master_wins"
     UNION = "union"
 
