@@ -124,21 +124,35 @@ def read_events_arrow(trace: TraceFiles | str | Path) -> tuple[Manifest, pa.Tabl
     return tf.manifest, table
 
 
-def read_events_spark(spark, trace: TraceFiles | str | Path):
+#: Location columns added by `read_events_spark(..., with_location=True)`: the file and the 1-based row of each
+#: event in it (data rows; a CSV header is not counted), for messages that name where a bad row is.
+LOCATION_COLUMNS: tuple[str, ...] = ("_file", "_row")
+
+
+def read_events_spark(spark, trace: TraceFiles | str | Path, *, with_location: bool = False):
     """Read a trace's events as a Spark DataFrame with the exact schema of SPEC §2.1.
 
     Parquet is checked file by file from its footers (no data scan), then kinds are checked with one Spark
     query that names the file and row of the first unknown kind. CSV traces are hand-written and small: they
-    are parsed with Arrow (row-exact errors) and handed to Spark.
+    are parsed with Arrow (row-exact errors) and handed to Spark as Arrow (no pandas round trip, so int64
+    values with nulls stay exact). `with_location` adds `_file` and `_row` (LOCATION_COLUMNS).
     """
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     from schemas.trace import event_spark_schema
 
     tf = trace if isinstance(trace, TraceFiles) else locate(trace)
+    names = [n for n, _ in EVENT_COLUMNS]
     if tf.is_csv:
         _, table = read_events_arrow(tf)
-        return tf.manifest, spark.createDataFrame(table.to_pandas(), schema=event_spark_schema())
+        schema = event_spark_schema()
+        if with_location:
+            table = table.append_column("_file", pa.array([str(tf.events_path)] * table.num_rows, pa.string()))
+            table = table.append_column("_row", pa.array(range(1, table.num_rows + 1), pa.int64()))
+            schema = T.StructType([*schema.fields, T.StructField("_file", T.StringType()),
+                                   T.StructField("_row", T.LongType())])
+        return tf.manifest, spark.createDataFrame(table, schema=schema)
     dataset = pads.dataset(tf.events_path, format="parquet")
     for fragment in dataset.get_fragments():
         check_arrow_schema(fragment.physical_schema, file=fragment.path)
@@ -154,4 +168,9 @@ def read_events_spark(spark, trace: TraceFiles | str | Path):
         r = unknown[0]
         raise BadInput(f"unknown kind {r['kind']!r} (known: {', '.join(KIND_LABELS)})", file=r["file"],
                        row=int(r["row"]) + 1, rule="kind-unknown")
-    return tf.manifest, df.select(*[n for n, _ in EVENT_COLUMNS])
+    if with_location:
+        # Local files read as file:///path; show them as plain paths, like the CSV case and the BadInputs above.
+        file_path = F.regexp_replace(F.col("_metadata.file_path"), "^file:(//)?", "")
+        row = F.col("_metadata.row_index") + 1
+        return tf.manifest, df.select(*names, file_path.alias("_file"), row.alias("_row"))
+    return tf.manifest, df.select(*names)
