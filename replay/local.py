@@ -1,23 +1,19 @@
-"""Replay a small trace without Spark: route, split by partition, run an engine per partition.
+"""Replay a small trace without Spark: route, split by unit, run an engine per unit.
 
-Used by golden and differential tests and by the benchmark's reference figure. The Spark job does the same
-routing with the same functions (`replay/routing.py`), over partitions of the cluster.
+Used by golden and differential tests and by the benchmark's reference figure. The Spark job routes with the
+same family functions (`replay/families.py`) and runs the same engines inside its groups.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from replay.events import PartitionEvents, split_trace_table
-from replay.policies import KafkaPolicy, Policy
+from replay.families import RouteInput, family_of
+from replay.policies import Policy
 from replay.results import PartitionResult
-from replay.routing import kafka_assignment, kafka_route
-from schemas.trace import Manifest
-
-Engine = Callable[[Policy, int, tuple[int, ...], PartitionEvents, int], PartitionResult]
+from schemas.trace import STOP_KINDS, Kind, Manifest
 
 
 def msg_rank(msg_id: np.ndarray) -> np.ndarray:
@@ -28,30 +24,49 @@ def msg_rank(msg_id: np.ndarray) -> np.ndarray:
     return rank
 
 
-def kafka_layout(policy: KafkaPolicy, manifest: Manifest) -> list[tuple[int, ...]]:
-    return kafka_assignment(policy.partitions, policy.replication_factor, manifest.broker_ids, policy.assignment)
+def control_events(events: PartitionEvents) -> PartitionEvents:
+    """The broker events that are not replication progress: the small fault timeline routing may need."""
+    control_kinds = [int(k) for k in (*STOP_KINDS, Kind.ISOLATE, Kind.RESTART, Kind.HEAL)]
+    keep = np.isin(events.broker_kind, control_kinds)
+    return PartitionEvents(events.produce_ts[:0], events.produce_msg[:0], events.produce_size[:0],
+                           events.broker_ts[keep], events.broker_kind[keep], events.broker_id[keep],
+                           events.broker_upto[keep])
 
 
-def partition_events(policy: KafkaPolicy, table: pa.Table) -> dict[int, PartitionEvents]:
+def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[dict[int, PartitionEvents], dict]:
+    """Events of every replay unit of `policy`, and the routing (msg_id -> partition) for outputs."""
+    fam = family_of(policy)
+    layout = fam.layout(policy, manifest)
     produce, broker_events = split_trace_table(table)
-    part = kafka_route(list(produce["key"]), msg_rank(produce["msg_id"]), policy.partitions)
+    routed = fam.route(policy, manifest, layout, control_events(broker_events),
+                       RouteInput(produce["ts_us"], msg_rank(produce["msg_id"]), list(produce["key"])))
     out = {}
-    for p in range(policy.partitions):
-        sel = part == p
-        out[p] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
+    for u in layout.units:
+        sel = routed.unit == u
+        out[u] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
                                  broker_events.broker_ts, broker_events.broker_kind, broker_events.broker_id,
                                  broker_events.broker_upto).sorted()
-    return out
+    return out, {"layout": layout, "partition_of": dict(zip(produce["msg_id"].tolist(), routed.partition.tolist()))}
 
 
-def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: str = "kernel") -> list[PartitionResult]:
-    """Replay every partition of a trace with the reference interpreter or the vectorized kernel."""
-    if not isinstance(policy, KafkaPolicy):
-        raise NotImplementedError(f"local replay of family {policy.family}")
-    if engine == "reference":
-        from replay.reference.kafka import replay_partition
-    else:
-        from replay.kernels.kafka import replay_partition
-    layout = kafka_layout(policy, manifest)
-    events = partition_events(policy, table)
-    return [replay_partition(policy, p, layout[p], events[p], manifest.duration_us) for p in range(policy.partitions)]
+def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: str = "kernel",
+                 chunks: list[int] | None = None) -> list[PartitionResult]:
+    """Replay every unit of a trace with the reference interpreter or the vectorized kernel.
+
+    `chunks`: time cut points; the kernel then advances chunk by chunk with carried state (SPEC §10 scale).
+    """
+    fam = family_of(policy)
+    events, info = unit_events(policy, manifest, table)
+    layout = info["layout"]
+    results = []
+    for u in layout.units:
+        if engine == "reference":
+            results.append(fam.reference(policy, u, layout.replicas[u], events[u], manifest.duration_us))
+            continue
+        replay = fam.kernel(policy, u, layout.replicas[u], manifest.duration_us)
+        start = 0
+        for cut in [*(chunks or []), manifest.duration_us + 1]:
+            replay.advance(events[u].slice_time(start, cut), cut)
+            start = cut
+        results.append(replay.finish())
+    return results

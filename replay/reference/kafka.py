@@ -71,6 +71,7 @@ class Replica:
     lcu: int = 0  # last time it was caught up with the leader
     unreachable_since: int | None = None
     isolated_since: int | None = None
+    must_register: bool = False  # restarted while isolated: the new incarnation registers when it heals
     visible_upto: int = 0  # prefix of this broker's log already announced visible while it served
 
     @property
@@ -128,7 +129,7 @@ class KafkaReference:
         self.msgs: dict[int, Msg] = {}
         self.unacked: set[int] = set()  # messages in state "appended"
         self.replication_bytes = 0
-        self.heap: list[tuple[int, int, int, str, int]] = []
+        self.heap: list[tuple[int, int, int, int, str, int]] = []
         self.seq = 0
         self.rows: list[StateRow] = []
         self.avail: list[tuple[int, bool, int | None]] = []  # (instant, down_or_refusing, stall_from_us)
@@ -137,7 +138,9 @@ class KafkaReference:
     # ------------------------------------------------------------------------------------------- helpers
     def _push(self, t: int, klass: int, what: str, arg: int) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (t, klass, self.seq, what, arg))
+        # Retries due at the same instant go in msg_id order; other derived events in the order they arose.
+        tiebreak = arg if klass == RETRY else 0
+        heapq.heappush(self.heap, (t, klass, tiebreak, self.seq, what, arg))
 
     def _in_order(self, brokers) -> list[int]:
         return [b for b in self.order if b in brokers]
@@ -152,8 +155,8 @@ class KafkaReference:
     def _serving(self) -> int | None:
         """The broker that takes clients' writes now: the leader, or a zombie clients still use; None if none."""
         tgt = self.target
-        if tgt is None or not self.rep[tgt].up:
-            return None
+        if tgt is None or not self.rep[tgt].up or self.rep[tgt].must_register:
+            return None  # a restarted broker serves nothing until its new incarnation registers
         if tgt == self.leader or (self.zombie is not None and tgt == self.zombie.broker):
             return tgt
         return None
@@ -223,7 +226,7 @@ class KafkaReference:
                 self._apply_trace(*trace[i])
                 i += 1
             while self.heap and self.heap[0][0] == t:
-                _, _, _, what, arg = heapq.heappop(self.heap)
+                _, _, _, _, what, arg = heapq.heappop(self.heap)
                 getattr(self, "_on_" + what)(t, arg)
             self._end_instant(t)
         return self._finish()
@@ -311,6 +314,15 @@ class KafkaReference:
         r = self.rep[b]
         r.up = True
         r.flushed_all = len(r.log)
+        if r.isolated:
+            r.must_register = True  # it cannot reach the controller yet
+            return
+        self._register(t, b)
+
+    def _register(self, t: int, b: int) -> None:
+        """A new incarnation of broker b registers with the controller."""
+        r = self.rep[b]
+        r.must_register = False
         if self.p.eligible_leader_replicas and r.unclean_stop:
             # KIP-966: a new incarnation after an unclean shutdown leaves ISR and ELR.
             if b in self.isr:
@@ -318,7 +330,7 @@ class KafkaReference:
                 self._recompute_hw(t)
             if b in self.elr:
                 self.elr.remove(b)
-        if r.unreachable_since is not None and not r.isolated:
+        if r.unreachable_since is not None:
             self._fence(t, b, at_restart=True)  # rule 6: fenced at once when it registers again
         if self.leader is None:
             self._elect(t)  # rule 8: an offline partition elects again when a replica comes back
@@ -327,10 +339,11 @@ class KafkaReference:
         r = self.rep[b]
         r.isolated = False
         r.isolated_since = None
-        if r.up:
-            # An isolation that heals before the deadline causes no fencing (rule 6).
-            r.unreachable_since = None
         self._zombie_stops(b)
+        if r.up and r.must_register:
+            self._register(t, b)
+        elif r.up:
+            r.unreachable_since = None  # an isolation that heals before the deadline causes no fencing (rule 6)
         if b == self.leader:
             self.iso_view = None
             self._recompute_hw(t)
@@ -595,9 +608,11 @@ class KafkaReference:
     def _recompute_hw(self, t: int) -> None:
         """Rule 4: high watermark = min log end over the ISR, frozen below min ISR (strict_min_isr)."""
         ldr = self.leader
-        if ldr is None or not self.rep[ldr].up:
+        if ldr is None or not self.rep[ldr].up or self.rep[ldr].must_register:
             return
         view = self._view()
+        if ldr not in view:
+            return  # the leader just left the ISR (KIP-966 unclean restart); an election follows
         lead_len = len(self.rep[ldr].log)
         if not self._frozen(len(view)):
             candidate = min(lead_len if b == ldr else self.rep[b].fetched for b in view)
@@ -633,7 +648,7 @@ class KafkaReference:
         ldr = self.leader
         if ldr is None:
             row = StateRow(t, None, self.epoch, tuple(self.isr), None, None)
-        elif not self.rep[ldr].up and self.down_published is not None:
+        elif (not self.rep[ldr].up or self.rep[ldr].must_register) and self.down_published is not None:
             leo, hw = self.down_published
             row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw)
         else:

@@ -1,0 +1,82 @@
+"""Small array containers the kernels share: growable int64 columns and a struct-of-arrays table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Grow:
+    """An int64 array that grows by appends with amortized doubling."""
+
+    __slots__ = ("_buf", "n")
+
+    def __init__(self, initial: np.ndarray | None = None, capacity: int = 16) -> None:
+        if initial is None:
+            self._buf = np.zeros(capacity, dtype=np.int64)
+            self.n = 0
+        else:
+            self._buf = np.array(initial, dtype=np.int64)
+            self.n = len(self._buf)
+
+    def extend(self, values: np.ndarray) -> None:
+        k = len(values)
+        if self.n + k > len(self._buf):
+            new = np.zeros(max(2 * len(self._buf), self.n + k, 16), dtype=np.int64)
+            new[: self.n] = self._buf[: self.n]
+            self._buf = new
+        self._buf[self.n: self.n + k] = values
+        self.n += k
+
+    def truncate(self, n: int) -> None:
+        self.n = min(self.n, n)
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._buf[: self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self):
+        return self.view.copy()
+
+    def __setstate__(self, state) -> None:
+        self._buf = state
+        self.n = len(state)
+
+
+class Table:
+    """Columns of equal length with appends, masks and compaction (the kernels' pending messages)."""
+
+    def __init__(self, dtypes: dict[str, type]) -> None:
+        self.dtypes = dtypes
+        self.cols = {k: np.zeros(0, dtype=t) for k, t in dtypes.items()}
+        self.n = 0
+
+    def append(self, **cols: np.ndarray) -> np.ndarray:
+        """Append rows; returns their indices."""
+        k = len(next(iter(cols.values())))
+        start = self.n
+        if self.n + k > len(self.cols["msg"]):
+            cap = max(2 * len(self.cols["msg"]), self.n + k, 64)
+            for name, arr in self.cols.items():
+                new = np.zeros(cap, dtype=arr.dtype)
+                new[: self.n] = arr[: self.n]
+                self.cols[name] = new
+        for name in self.dtypes:
+            self.cols[name][start: start + k] = cols[name]
+        self.n += k
+        return np.arange(start, start + k)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name][: self.n]
+
+    def keep(self, mask: np.ndarray) -> np.ndarray:
+        """Keep rows where mask is true; returns the old->new index map (-1 for dropped rows)."""
+        idx = np.flatnonzero(mask)
+        remap = np.full(self.n, -1, dtype=np.int64)
+        remap[idx] = np.arange(len(idx))
+        for name in self.dtypes:
+            self.cols[name] = self.cols[name][: self.n][idx].copy()
+        self.n = len(idx)
+        return remap
