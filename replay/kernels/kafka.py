@@ -65,8 +65,8 @@ def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
     i = j = 0
     pos = 0
     while i < len(a) and j < len(b):
-        ea, sa, na = a[i]
-        eb, sb, nb = b[j]
+        ea, _, na = a[i]
+        eb, _, nb = b[j]
         if ea != eb:
             return pos
         end = min(na, nb)
