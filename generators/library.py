@@ -1,22 +1,19 @@
-"""The scenario library: `conf/scenarios/*.yaml`."""
+"""The scenario library: `conf/scenarios/*.yaml` (SPEC §8), listed by `replab scenarios`."""
 
 from __future__ import annotations
-
-import yaml
 
 import conf
 
 
 def scenario_files() -> dict[str, str]:
+    """Library name (the file name without .yaml) → path, in name order."""
     folder = conf.path("scenarios")
     return {p.stem: str(p) for p in sorted(folder.glob("*.yaml"))}
 
 
 def list_scenarios() -> list[tuple[str, str]]:
-    """(name, one-line description) of every library scenario."""
-    out = []
-    for name, file in scenario_files().items():
-        with open(file) as fh:
-            raw = yaml.safe_load(fh) or {}
-        out.append((name, str(raw.get("description", "")).strip()))
-    return out
+    """(name, one-line description) of every library scenario, each parsed and validated (a broken library
+    file is a BadInput naming it, not a silently empty line)."""
+    from generators.scenario import load_scenario_file
+
+    return [(name, load_scenario_file(file).description) for name, file in scenario_files().items()]
