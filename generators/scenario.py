@@ -155,9 +155,12 @@ class Dist:
         return out
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        u = rng.random(n)
-        z = rng.standard_normal(n) if self.kind is DistKind.LOGNORMAL else None
-        return self.transform(u, z)
+        if self.kind is DistKind.LOGNORMAL:
+            out = rng.lognormal(math.log(self.median), self.sigma, n)
+            lo = self.min if self.min is not None else -np.inf
+            hi = self.max if self.max is not None else np.inf
+            return np.clip(out, lo, hi) if self.min is not None or self.max is not None else out
+        return self.transform(rng.random(n))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from generators.scenario import FaultKind, RandomFault, Scenario, ScheduledFault
+from generators.scenario import Dist, FaultKind, RandomFault, Scenario, ScheduledFault
 from schemas.trace import STOP_KINDS, Kind
 
 US_PER_MS = 1000
@@ -184,13 +184,16 @@ def _simulate(scheduled: list[tuple[int, Kind, int, int, str]],
     return out
 
 
-def _poisson_starts(rng: np.random.Generator, mean_gap: float, horizon: float) -> list[float]:
-    starts, t = [], 0.0
+def _poisson_episodes(rng: np.random.Generator, mean_gap: float, horizon: float, length: Dist
+                      ) -> list[tuple[float, float]]:
+    """(start, length) of episodes starting as a Poisson process; each start's length is drawn right after
+    it, so a longer horizon extends the list without changing its beginning."""
+    out, t = [], 0.0
     while True:
         t += rng.exponential(mean_gap)
         if t > horizon:
-            return starts
-        starts.append(t)
+            return out
+        out.append((t, float(length.sample(rng, 1)[0])))
 
 
 _RANDOM_KIND = {"crash": Kind.CRASH, "power_loss": Kind.POWER_LOSS, "disk_loss": Kind.DISK_LOSS,
@@ -210,8 +213,7 @@ def _random_episodes(scenario: Scenario, seed: int, scale: float
             for rack_index, rack in enumerate(scenario.racks):
                 rng = rng_for(seed, STREAM_FAULTS, proc_index, rack_index)
                 members = [b.id for b in scenario.brokers if b.rack == rack]
-                for t in _poisson_starts(rng, fault.mtbf_s, horizon_s):
-                    down = float(fault.mttr_s.sample(rng, 1)[0])
+                for t, down in _poisson_episodes(rng, fault.mtbf_s, horizon_s, fault.mttr_s):
                     stagger = rng.random(len(members)) * 0.1 * down  # machines boot at slightly different times
                     for b, extra in zip(members, stagger):
                         out.append((to_us(t, US_PER_S, scale), kind, b, to_us(t + down + extra, US_PER_S, scale),
@@ -222,15 +224,18 @@ def _random_episodes(scenario: Scenario, seed: int, scale: float
         else:
             for b in ids:
                 rng = rng_for(seed, STREAM_FAULTS, proc_index, b)
-                for t in _poisson_starts(rng, fault.mtbf_s, horizon_s):
-                    down = float(fault.mttr_s.sample(rng, 1)[0])
+                for t, down in _poisson_episodes(rng, fault.mtbf_s, horizon_s, fault.mttr_s):
                     out.append((to_us(t, US_PER_S, scale), kind, b, to_us(t + down, US_PER_S, scale), recovery))
     return out
 
 
 def _rolling(rng: np.random.Generator, fault: RandomFault, ids: Sequence[int], horizon_s: float, scale: float):
     out = []
-    for t in _poisson_starts(rng, fault.mtbf_s, horizon_s):
+    t = 0.0
+    while True:
+        t += rng.exponential(fault.mtbf_s)
+        if t > horizon_s:
+            return out
         at = t
         for b in ids:
             down = float(fault.mttr_s.sample(rng, 1)[0])
@@ -238,7 +243,6 @@ def _rolling(rng: np.random.Generator, fault: RandomFault, ids: Sequence[int], h
             out.append((to_us(at, US_PER_S, scale), Kind.SHUTDOWN, b, to_us(at + down, US_PER_S, scale),
                         Kind.RESTART))
             at += down + gap
-    return out
 
 
 def fault_events(scenario: Scenario, seed: int, scale: float) -> list[FaultEvent]:
@@ -280,14 +284,14 @@ def stall_episodes(scenario: Scenario, seed: int, scale: float) -> dict[int, lis
         if beh.slow_follower is not None:
             # Part of the fault profile: drawn in unscaled time, stretched by scale.
             rng = rng_for(seed, STREAM_STALLS, 0, b)
-            for t in _poisson_starts(rng, beh.slow_follower.every_s, scenario.workload.duration_s):
-                length = float(beh.slow_follower.length.sample(rng, 1)[0])
+            for t, length in _poisson_episodes(rng, beh.slow_follower.every_s, scenario.workload.duration_s,
+                                               beh.slow_follower.length):
                 out[b].append((to_us(t, US_PER_S, scale), to_us(t + length, US_PER_S, scale)))
         if beh.gc_pause is not None:
             # A JVM property: pauses keep their real-time rate and length whatever the scale.
             rng = rng_for(seed, STREAM_STALLS, 1, b)
-            for t in _poisson_starts(rng, beh.gc_pause.every_s, duration_us / US_PER_S):
-                length_ms = float(beh.gc_pause.length.sample(rng, 1)[0])
+            for t, length_ms in _poisson_episodes(rng, beh.gc_pause.every_s, duration_us / US_PER_S,
+                                                  beh.gc_pause.length):
                 start = to_us(t, US_PER_S)
                 out[b].append((start, start + max(1, to_us(length_ms, US_PER_MS))))
     return out
