@@ -422,12 +422,12 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     in `validations` (one row per run id, or one trace-level row). `lakehouse`: a `pipelines.lakehouse.
     Lakehouse`, a root path, or None (no tables; reports under `reports_root` if given).
     """
-    from pipelines.lakehouse import Lakehouse
-
     from expectations.report import report_dir, write_report
+    from pipelines.lakehouse import Lakehouse
     from pipelines.trace_loader import locate, read_events_spark
 
-    lh = Lakehouse(lakehouse, spark=spark) if isinstance(lakehouse, str | Path) else lakehouse
+    # Opened without creating tables: a refused trace must not add a table version anywhere (SPEC §2.3).
+    lh = Lakehouse(lakehouse, spark=spark, create=False) if isinstance(lakehouse, str | Path) else lakehouse
     root = Path(reports_root) if reports_root is not None else (lh.reports_root if lh is not None else None)
     trace_path = str(trace.root if isinstance(trace, TraceFiles) else trace)
 

@@ -1,0 +1,353 @@
+"""The one table writer (SPEC §5): every table of `schemas/tables.py` as Delta under one root.
+
+- Tables are created with their declared schema, partitioning and properties (never inferred), and read by any
+  Delta reader (delta-spark, delta-rs).
+- `replace_run` replaces exactly the given runs' rows of one table in ONE Delta commit (overwrite with
+  `replaceWhere run_id IN (...)`): a re-run never duplicates, and a crash mid-write leaves the previous version
+  (Delta commits are atomic). Commits that lose a race against another writer (Delta's retryable
+  concurrent-modification conflicts) are retried with backoff, so replays of different policies writing at
+  the same time both land.
+- Run protocol: the `runs` row is written with status `running` first; every table of the run is written;
+  the row is marked `succeeded` only after all tables and the output gate are done. Readers use succeeded
+  runs (`succeeded_run_ids`, `read(..., succeeded_only=True)`). The output gate validates the run's
+  DataFrames BEFORE any of its tables is replaced ("validate before write"): a failing gate leaves every run
+  table at its previous version, and the `runs` row goes back to what it was (a previously succeeded run
+  stays visible) or becomes `failed`.
+- Paths: table folders are fixed names under the root and reports go through `expectations.report.inside`;
+  nothing taken from a trace or a config can point outside the root (SPEC §11).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines import __version__
+from schemas.errors import ReplabError
+from schemas.tables import TABLES, TableSpec
+
+log = logging.getLogger(__name__)
+
+RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+#: Tables holding a run's results, in the order a run writes them (the `runs` row is the commit marker).
+RUN_TABLES: tuple[str, ...] = ("message_outcomes", "partition_states", "unavailability", "committed_offsets",
+                               "loss_metrics", "watermarks", "run_summary")
+MAX_ATTEMPTS = 12
+
+
+_CONFLICT_MARKERS = ("DELTA_CONCURRENT", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED", "concurrent update")
+#: Two processes creating the same table race for version 0: the loser may find a log folder without a commit
+#: yet, or the winner's commit file. Both resolve on the next attempt (then the table exists).
+_CREATE_RACE_MARKERS = ("DELTA_TABLE_NOT_FOUND", "FileAlreadyExistsException", "DELTA_TABLE_ALREADY_EXISTS",
+                        "DELTA_CREATE_TABLE_WITH_DIFFERENT", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
+
+
+def _retryable(exc: BaseException, *, creating: bool = False) -> bool:
+    """Delta's conflicts that a fresh attempt resolves (another writer committed first)."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    if isinstance(exc, DeltaConcurrentModificationException):
+        return True
+    text = str(exc)
+    markers = _CONFLICT_MARKERS + (_CREATE_RACE_MARKERS if creating else ())
+    return any(s in text for s in markers)
+
+
+def with_retries(action: Callable[[], Any], what: str, attempts: int = MAX_ATTEMPTS, *,
+                 creating: bool = False) -> Any:
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if attempt == attempts or not _retryable(exc, creating=creating):
+                raise
+            delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
+            log.info("%s: concurrent commit (%s); retry %d in %.2fs", what, type(exc).__name__, attempt, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def in_predicate(column: str, values: Iterable[str]) -> str:
+    vals = sorted(set(values))
+    if not vals:
+        raise ValueError("no key values")
+    return f"`{column}` IN ({', '.join(sql_string(v) for v in vals)})"
+
+
+def validation_id(suite: str, trace_id: str, run_id: str | None) -> str:
+    """One row per (suite, trace, run) in `validations`: a gate re-run replaces its row."""
+    return hashlib.sha1(f"{suite}\x00{trace_id}\x00{run_id or ''}".encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The identity of a run (SPEC §4.4 `runs`); timestamps and status are the writer's business."""
+
+    run_id: str
+    trace_id: str
+    policy: str
+    family: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    mode: str = "batch"
+    replab_version: str = __version__
+    mlflow_run_id: str | None = None
+
+
+class Lakehouse:
+    """Delta tables under `root`, created with their declared schemas.
+
+    `create=False` opens the root without touching it: a table is then created on its first write. The trace
+    gate uses that, so that a refused trace leaves a fresh lakehouse without any table (SPEC §2.3).
+    """
+
+    def __init__(self, root: str | Path, spark=None, *, create: bool = True) -> None:
+        if spark is None:
+            from pipelines.session import get_spark
+
+            spark = get_spark()
+        self.spark = spark
+        self.root = Path(root).resolve()
+        self._ready: set[str] = set()
+        if create:
+            self.create_tables()
+
+    # ------------------------------------------------------------------------------------------- layout
+    @property
+    def reports_root(self) -> Path:
+        return self.root / "_reports"
+
+    def path(self, table: str) -> str:
+        if table not in TABLES:
+            raise ReplabError(f"unknown table {table!r} (known: {', '.join(TABLES)})")
+        return str(self.root / table)
+
+    def spec(self, table: str) -> TableSpec:
+        self.path(table)
+        return TABLES[table]
+
+    def create_tables(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for spec in TABLES.values():
+            self._ensure(spec)
+
+    def _ensure(self, spec: TableSpec) -> None:
+        from delta.tables import DeltaTable
+
+        path = self.path(spec.name)
+        if spec.name in self._ready:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        if DeltaTable.isDeltaTable(self.spark, path):
+            self._add_missing_columns(spec)
+            self._ready.add(spec.name)
+            return
+
+        def create() -> None:
+            builder = (DeltaTable.createIfNotExists(self.spark).location(path)
+                       .addColumns(spec.spark_schema()).comment(spec.description))
+            if spec.partition_by:
+                builder = builder.partitionedBy(*spec.partition_by)
+            for key, value in spec.properties.items():
+                builder = builder.property(key, value)
+            builder.execute()
+
+        with_retries(create, f"create {spec.name}", creating=True)
+        self._ready.add(spec.name)
+
+    def _add_missing_columns(self, spec: TableSpec) -> None:
+        """Schemas evolve additively: a lakehouse made by an older replab gains the new (nullable) columns."""
+        existing = set(self.spark.read.format("delta").load(self.path(spec.name)).columns)
+        missing = [f for f in spec.spark_schema().fields if f.name not in existing]
+        if not missing:
+            return
+        cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        with_retries(lambda: self.spark.sql(f"ALTER TABLE delta.`{self.path(spec.name)}` ADD COLUMNS ({cols})"),
+                     f"evolve {spec.name}")
+
+    # ------------------------------------------------------------------------------------------- reading
+    def read(self, table: str, *, succeeded_only: bool = False):
+        self._ensure(self.spec(table))
+        df = self.spark.read.format("delta").load(self.path(table))
+        if succeeded_only and "run_id" in df.columns and table != "runs":
+            ok = self.read("runs").where(f"status = '{SUCCEEDED}'").select("run_id")
+            df = df.join(ok, "run_id", "left_semi")
+        return df
+
+    def succeeded_run_ids(self) -> list[str]:
+        rows = self.read("runs").where(f"status = '{SUCCEEDED}'").select("run_id").collect()
+        return sorted(r.run_id for r in rows)
+
+    def version(self, table: str) -> int | None:
+        """The table's latest Delta version (None: not created yet)."""
+        from delta.tables import DeltaTable
+
+        path = self.path(table)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None
+        return int(DeltaTable.forPath(self.spark, path).history(1).first()["version"])
+
+    def versions(self) -> dict[str, int | None]:
+        return {name: self.version(name) for name in TABLES}
+
+    # ------------------------------------------------------------------------------------------- writing
+    def conform(self, table: str, df):
+        """`df` with exactly the table's columns, in its order and types (a missing or extra column is a bug,
+        not something to infer or drop silently)."""
+        from pyspark.sql import functions as F
+
+        spec = self.spec(table)
+        self._ensure(spec)
+        schema = spec.spark_schema()
+        have = set(df.columns)
+        missing = [f.name for f in schema.fields if f.name not in have]
+        extra = sorted(have - set(schema.fieldNames()))
+        if missing or extra:
+            raise ReplabError(f"{table}: DataFrame does not match the declared schema (missing: {missing}, "
+                              f"extra: {extra})")
+        return df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields])
+
+    def replace_rows(self, table: str, key_column: str, key_values: Sequence[str], df) -> None:
+        """Replace every row whose `key_column` is in `key_values` by `df`'s rows: one Delta commit.
+
+        `df` must only hold rows of those keys (Delta checks it: replaceWhere's constraint check).
+        """
+        predicate = in_predicate(key_column, key_values)
+        data = self.conform(table, df)
+        path = self.path(table)
+
+        def write() -> None:
+            (data.write.format("delta").mode("overwrite").option("replaceWhere", predicate)
+             .save(path))
+
+        with_retries(write, f"replace {table} where {predicate[:80]}")
+
+    def replace_run(self, table: str, key_values: str | Sequence[str], df) -> None:
+        """Replace exactly these runs' rows of `table` (keyed by the table's run key, SPEC §5)."""
+        keys = [key_values] if isinstance(key_values, str) else list(key_values)
+        self.replace_rows(table, self.spec(table).run_key, keys, df)
+
+    def _merge(self, table: str, key: str, rows_df) -> None:
+        from delta.tables import DeltaTable
+
+        data = self.conform(table, rows_df)
+
+        def merge() -> None:
+            (DeltaTable.forPath(self.spark, self.path(table)).alias("t")
+             .merge(data.alias("s"), f"t.`{key}` = s.`{key}`")
+             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+        with_retries(merge, f"merge {table}")
+
+    def record_validations(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Upsert gate runs into `validations` (one row per suite, trace and run; SPEC §5, §7)."""
+        if not rows:
+            return
+        now = dt.datetime.now(dt.UTC)
+        full = []
+        for r in rows:
+            row = {name: r.get(name) for name in TABLES["validations"].columns}
+            row["validation_id"] = validation_id(r["suite"], r["trace_id"], r.get("run_id"))
+            row["validated_at"] = row["validated_at"] or now
+            full.append(row)
+        df = self.spark.createDataFrame(full, schema=TABLES["validations"].spark_schema())
+        self._merge("validations", "validation_id", df)
+
+    # ------------------------------------------------------------------------------------------- runs
+    def _run_rows(self, records: Sequence[RunRecord], status: str, started: dt.datetime,
+                  finished: dt.datetime | None):
+        rows = [{"run_id": r.run_id, "trace_id": r.trace_id, "policy": r.policy, "family": r.family,
+                 "params": {str(k): str(v) for k, v in r.params.items()}, "mode": r.mode, "started_at": started,
+                 "finished_at": finished, "status": status, "mlflow_run_id": r.mlflow_run_id,
+                 "replab_version": r.replab_version} for r in records]
+        return self.spark.createDataFrame(rows, schema=TABLES["runs"].spark_schema())
+
+    def begin_runs(self, records: Sequence[RunRecord]) -> RunsTransaction:
+        """Mark these runs `running` (one commit) and return the transaction that writes their tables."""
+        if not records:
+            raise ValueError("no runs")
+        ids = [r.run_id for r in records]
+        if len(set(ids)) != len(ids):
+            raise ReplabError(f"duplicate run ids in one write: {ids}")
+        previous = [r.asDict(recursive=True) for r in
+                    self.read("runs").where(in_predicate("run_id", ids)).collect()]
+        started = dt.datetime.now(dt.UTC)
+        self._merge("runs", "run_id", self._run_rows(records, RUNNING, started, None))
+        return RunsTransaction(self, list(records), started, {p["run_id"]: p for p in previous})
+
+    def publish_runs(self, records: Sequence[RunRecord], tables: Mapping[str, Any],
+                     gate: Callable[[], Any] | None = None) -> None:
+        """The whole run protocol: running → gate on the DataFrames → every table → succeeded.
+
+        `tables` maps table names of RUN_TABLES to DataFrames holding exactly these runs' rows (persist them
+        first: the gate and the writes both read them). A gate that raises (GateFailed) leaves every run
+        table untouched.
+        """
+        unknown = set(tables) - set(RUN_TABLES)
+        if unknown:
+            raise ReplabError(f"not run tables: {sorted(unknown)}")
+        with self.begin_runs(records) as txn:
+            if gate is not None:
+                gate()
+            for name in RUN_TABLES:
+                if name in tables:
+                    txn.write(name, tables[name])
+            txn.succeed()
+
+
+class RunsTransaction:
+    """The runs being written; as a context manager, an exception marks them failed (or restores them)."""
+
+    def __init__(self, lh: Lakehouse, records: list[RunRecord], started: dt.datetime,
+                 previous: dict[str, dict[str, Any]]) -> None:
+        self.lh, self.records, self.started, self.previous = lh, records, started, previous
+        self.run_ids = [r.run_id for r in records]
+        self.written: list[str] = []
+        self.done = False
+
+    def write(self, table: str, df) -> None:
+        self.written.append(table)
+        self.lh.replace_run(table, self.run_ids, df)
+
+    def succeed(self, mlflow_run_ids: Mapping[str, str] | None = None) -> None:
+        ids = mlflow_run_ids or {}
+        records = [RunRecord(**{**r.__dict__, "mlflow_run_id": ids.get(r.run_id, r.mlflow_run_id)})
+                   for r in self.records]
+        rows = self.lh._run_rows(records, SUCCEEDED, self.started, dt.datetime.now(dt.UTC))
+        self.lh._merge("runs", "run_id", rows)
+        self.done = True
+
+    def fail(self) -> None:
+        """Give the runs back their previous succeeded row if none of their tables was replaced yet (a gate
+        failure: the previous version of every table is intact), else mark them failed."""
+        restore = [p for p in self.previous.values() if p["status"] == SUCCEEDED and not self.written]
+        restored = {p["run_id"] for p in restore}
+        failed = [r for r in self.records if r.run_id not in restored]
+        if restore:
+            df = self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema())
+            self.lh._merge("runs", "run_id", df)
+        if failed:
+            self.lh._merge("runs", "run_id", self.lh._run_rows(failed, FAILED, self.started,
+                                                               dt.datetime.now(dt.UTC)))
+        self.done = True
+
+    def __enter__(self) -> RunsTransaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and not self.done:
+            try:
+                self.fail()
+            except Exception:  # the original error matters more; the runs row then stays `running`
+                log.exception("could not mark runs %s failed", self.run_ids)
