@@ -15,9 +15,11 @@ chunk's events with numpy and writes them as one Parquet file. The trace never p
   counter-based hash of (seed, broker, j), so any task can compute any report. upto_us = ts_us − delay,
   made non-decreasing by a running maximum (a report older than the largest delay can never raise it, so a
   task looks back only that far), and capped after every stretch without reports (down, isolated, stalled)
-  by a catch-up line: from the data the broker held when the stretch began (nothing after a disk loss), at
-  `catchup_speed` µs of data per µs. No report falls in a stretch where the broker is down, isolated or
-  stalled. Every broker reports, leader or not (the trace is policy-independent, SPEC §1).
+  by a catch-up line: from the data the broker held when the stretch began (its last report; nothing after a
+  disk loss; after a power loss its last report too, since what was flushed is the policy's business, §3.1,
+  and a follower re-fetches its lost tail with the rest of the backlog), at `catchup_speed` µs of data per µs.
+  No report falls in a stretch where the broker is down, isolated or stalled. Every broker reports, leader or
+  not (the trace is policy-independent, SPEC §1).
 - faults: `generators.timeline` (valid by construction, SPEC §2.3).
 
 Because every block and every report is generated from its own seed, the events do not depend on how blocks

@@ -175,6 +175,26 @@ def test_scale_multiplies_rate_and_duration():
     assert abs(reports[1] / reports[0] - 2) < 0.1  # fetch cadence is not scaled: reports grow with duration
 
 
+def test_rate_shapes():
+    """Messages per second follow the scenario's rate curve (diurnal: rolling-restart; bursty: chaos)."""
+    diurnal = build_plan(resolve_scenario("rolling-restart"), 1, 1.0)  # 3000/s · (1 + 0.4 cos(2π t / 720 s))
+    t = np.arange(diurnal.n_blocks) + 0.5
+    expected = 3000 * (1 + 0.4 * np.cos(2 * np.pi * t / 720))
+    assert np.abs(diurnal.block_counts - expected).max() < 6 * np.sqrt(expected.max())
+    assert diurnal.block_counts[:10].mean() > 1.3 * 3000 and diurnal.block_counts[355:365].mean() < 0.7 * 3000
+    bursty = build_plan(resolve_scenario("chaos"), 1, 1.0)  # 5000/s, × 3 during 10 s bursts
+    inside = bursty.rate.multiplier(np.arange(bursty.n_blocks) * 1e6 + 0.5e6) == 3
+    assert 0.02 < inside.mean() < 0.2
+    assert abs(bursty.block_counts[inside].mean() / bursty.block_counts[~inside].mean() - 3) < 0.1
+    # Inside a block, times follow the curve too: a burst starting mid-block shows up in its half.
+    edge = int(bursty.rate.burst_starts_us[0] // 1_000_000)
+    table, _ = chunk_table(build_plan(resolve_scenario("chaos"), 1, 1.0, slice_blocks=1), edge)
+    ts = table.filter(pc.equal(table["kind"], "produce"))["ts_us"].to_numpy()
+    start = bursty.rate.burst_starts_us[0]
+    before, after = (ts < start).sum() / (start - edge * 1e6), (ts >= start).sum() / ((edge + 1) * 1e6 - start)
+    assert after > 2 * before
+
+
 def test_chunks_do_not_change_the_events():
     """Events come from per-block seeds and per-report hashes: how blocks group into files is invisible."""
     sc = resolve_scenario("demo")
