@@ -161,10 +161,10 @@ class ReporterPlan:
         j_hi = max(j_lo, (hi_us + self.jitter_us - self.phase_us) // self.interval_us + 2)
         return int(j_lo), int(j_hi)
 
-    def reports(self, j_lo: int, j_hi: int, n_resume: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def reports(self, j_lo: int, j_hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(ts_us, upto_us) of reports j_lo..j_hi-1, before any blocking; upto is exact for reports at least
-        max_delay_us after report j_lo (the running-maximum look-back). `n_resume` limits the catch-up lines
-        to the first n (the driver fills them in order)."""
+        max_delay_us after report j_lo: an older report has upto <= its ts < ts - max_delay <= this raw
+        upto, so the running maximum needs no longer look-back."""
         j = np.arange(j_lo, j_hi, dtype=np.int64)
         u = _uniforms(self.hash_key ^ _HASH_JITTER, j)
         ts = self.phase_us + j * self.interval_us + np.rint((2.0 * u - 1.0) * self.jitter_us).astype(np.int64)
@@ -176,8 +176,6 @@ class ReporterPlan:
         delay_us = np.clip(np.floor(self.delay.transform(du, z) * US_PER_MS), 0, self.max_delay_us).astype(np.int64)
         upto = np.maximum.accumulate(np.maximum(ts - delay_us, 0))
         resume, base = self.resume_us, self.resume_from_us
-        if n_resume is not None:
-            resume, base = resume[:n_resume], base[:n_resume]
         if len(resume):
             r = np.searchsorted(resume, ts, side="right") - 1
             has = r >= 0
@@ -189,10 +187,10 @@ class ReporterPlan:
     def blocked(self, ts: np.ndarray) -> np.ndarray:
         return _inside(self.blocks.starts_us, self.blocks.ends_us, ts)
 
-    def window_reports(self, lo_us: int, hi_us: int, n_resume: int | None = None):
+    def window_reports(self, lo_us: int, hi_us: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact (ts_us, upto_us) of the reports due in [lo_us, hi_us], blocked ones included."""
         j_lo, j_hi = self.grid_range(lo_us - self.max_delay_us - self.jitter_us, hi_us)
-        ts, upto = self.reports(j_lo, j_hi, n_resume)
+        ts, upto = self.reports(j_lo, j_hi)
         keep = (ts >= lo_us) & (ts <= hi_us)
         return ts[keep], upto[keep]
 
