@@ -9,7 +9,9 @@ that the trace holds about that many events, on local[2], after a warm-up genera
 and the first Python workers are not counted). The figure is events written / wall seconds of
 `generate_trace` (plan, Spark job, Parquet files, rename). Peak memory: the driver's Python process
 (ru_maxrss), the driver JVM (VmHWM) and the largest Python worker; the trace never passes through the driver,
-so its memory stays flat while the trace grows 100×. The load average is printed: the machine may be shared.
+so its memory stays flat while the trace grows 100×. The load average is printed: the machine may be shared;
+"events per CPU-s" divides by the CPU time of replab's own processes (driver, JVM, Python workers), so twice
+that figure is what local[2] reaches with both cores to itself.
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ class BenchRow:
     driver_python_peak_mb: float
     driver_jvm_peak_mb: float | None
     worker_peak_mb: float | None
+    cpu_seconds: float | None
     load_avg_1m: float
+
+    @property
+    def events_per_cpu_s(self) -> float | None:
+        """Events per CPU-second of replab's own processes (driver, JVM, workers): the rate local[2] would
+        reach with both cores to itself (x2), whatever else runs on a shared machine."""
+        return self.events / self.cpu_seconds if self.cpu_seconds else None
 
 
 def scale_for(scenario: Scenario, events: int) -> float:
@@ -65,20 +74,45 @@ def _vm_hwm_mb(pid: int) -> float | None:
     return None
 
 
-def _worker_peak_mb() -> float | None:
-    peaks = []
+def _descendants(root: int | None) -> list[int]:
+    """Processes under `root` (this session's Python daemon and workers; other sessions on the machine have
+    their own JVM and are not counted)."""
+    if root is None:
+        return []
+    children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _worker_peak_mb(jvm_pid: int | None) -> float | None:
+    peaks = [p for p in (_vm_hwm_mb(pid) for pid in _descendants(jvm_pid)) if p is not None]
+    return max(peaks) if peaks else None
+
+
+def _cpu_seconds(jvm_pid: int | None) -> float:
+    """CPU time so far of this process, the driver JVM and the Python workers (with their reaped children)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in ([jvm_pid] if jvm_pid else []) + _descendants(jvm_pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
-            hwm = _vm_hwm_mb(int(proc.name))
-            if hwm is not None:
-                peaks.append(hwm)
-    return max(peaks) if peaks else None
+        total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total
 
 
 def run(sizes=DEFAULT_SIZES, *, scenario: str = "steady-state", seed: int = 1, workdir: str | None = None,
@@ -96,21 +130,25 @@ def run(sizes=DEFAULT_SIZES, *, scenario: str = "steady-state", seed: int = 1, w
         for target in sizes:
             scale = scale_for(sc, int(target))
             out = root / f"trace-{int(target)}"
+            cpu_before = _cpu_seconds(jvm_pid)
             started = time.monotonic()
             result = generate_trace(spark, sc, seed=seed, scale=scale, out=out)
             seconds = time.monotonic() - started
+            cpu = _cpu_seconds(jvm_pid) - cpu_before
             row = BenchRow(
                 target_events=int(target), scale=round(scale, 4), events=result.events, files=len(result.chunks),
                 seconds=round(seconds, 2), events_per_s=round(result.events / seconds),
                 bytes_on_disk=sum(c.file_bytes for c in result.chunks),
                 driver_python_peak_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 driver_jvm_peak_mb=round(_vm_hwm_mb(jvm_pid), 1) if jvm_pid else None,
-                worker_peak_mb=_worker_peak_mb(), load_avg_1m=round(os.getloadavg()[0], 2),
+                worker_peak_mb=_worker_peak_mb(jvm_pid), cpu_seconds=round(cpu, 2),
+                load_avg_1m=round(os.getloadavg()[0], 2),
             )
             rows.append(row)
             log(f"{row.events:>12,} events  {row.seconds:7.2f} s  {row.events_per_s / 1e6:6.2f} M events/s  "
                 f"{row.files:4d} files  {row.bytes_on_disk / 1e6:8.1f} MB  driver py {row.driver_python_peak_mb} MB "
-                f"jvm {row.driver_jvm_peak_mb} MB  worker {row.worker_peak_mb} MB  load {row.load_avg_1m}")
+                f"jvm {row.driver_jvm_peak_mb} MB  worker {row.worker_peak_mb} MB  cpu {row.cpu_seconds} s  "
+                f"load {row.load_avg_1m}")
             shutil.rmtree(out)
     finally:
         if workdir is None:
@@ -119,10 +157,11 @@ def run(sizes=DEFAULT_SIZES, *, scenario: str = "steady-state", seed: int = 1, w
 
 
 def markdown(rows: list[BenchRow]) -> str:
-    lines = ["| events | seconds | events/s | files | MB on disk | driver Python peak MB | driver JVM peak MB | "
-             "worker peak MB | load avg |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| events | seconds | events/s | events per CPU-s | files | MB on disk | driver Python peak MB | "
+             "driver JVM peak MB | worker peak MB | load avg |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.events:,} | {r.seconds:.1f} | {r.events_per_s / 1e6:.2f} M | {r.files} | "
+        per_cpu = f"{r.events_per_cpu_s / 1e6:.2f} M" if r.events_per_cpu_s else "n/a"
+        lines.append(f"| {r.events:,} | {r.seconds:.1f} | {r.events_per_s / 1e6:.2f} M | {per_cpu} | {r.files} | "
                      f"{r.bytes_on_disk / 1e6:.0f} | {r.driver_python_peak_mb:.0f} | "
                      f"{r.driver_jvm_peak_mb or float('nan'):.0f} | {r.worker_peak_mb or float('nan'):.0f} | "
                      f"{r.load_avg_1m:.1f} |")
