@@ -55,13 +55,24 @@ class NamedCheck:
         return self.rows() if callable(self.rows) else self.rows
 
 
+@dataclass(frozen=True)
+class GateFailure:
+    """One failed expectation: where, what, how many rows, and the runs its reported rows belong to."""
+
+    target: str
+    expectation: str
+    count: int
+    run_ids: tuple[str, ...]
+    #: The first offending rows (key columns for map expectations, whole rows for queries).
+    rows: tuple[Any, ...] = ()
+
+
 @dataclass
 class OutputGateReport:
     success: bool
     run_ids: list[str]
     failed_run_ids: list[str]
-    #: (target, expectation label, offending rows) of every failed expectation.
-    failures: list[tuple[str, str, int]]
+    failures: list[GateFailure]
     gx_results: list[dict[str, Any]]
     evaluated: int = 0
     successful: int = 0
@@ -71,7 +82,7 @@ class OutputGateReport:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def message(self) -> str:
-        shown = "; ".join(f"{target}: {label} ({count} offending row(s))" for target, label, count in self.failures[:5])
+        shown = "; ".join(f"{f.target}: {f.expectation} ({f.count} offending row(s))" for f in self.failures[:5])
         more = f"; and {len(self.failures) - 5} more" if len(self.failures) > 5 else ""
         runs = ", ".join(self.failed_run_ids) or "?"
         return f"output gate failed for run(s) {runs}: {shown}{more} (SPEC §7)"
@@ -143,14 +154,16 @@ def summary_vs_windows(run_summary, loss_metrics):
 
 
 def _summary_window_expectations() -> list[Any]:
-    import great_expectations as gx
-
-    out = [gx.expectations.ExpectColumnPairValuesToBeEqual(
-        column_A=c, column_B=f"windows_{c}", description=f"summary {c} = sum of the windows' {c}")
-        for c in (*_WINDOW_TOTALS, "unavailable_us")]
-    out.append(gx.expectations.ExpectColumnPairValuesToBeEqual(
-        column_A="produced", column_B="acked_failed_pending", description="produced = acked + failed + pending"))
-    return out
+    # One query for all totals (not one pair expectation per total): GX resolves several Spark jobs per
+    # expectation, and the offending rows name the totals that differ anyway.
+    pairs = [(c, f"windows_{c}") for c in (*_WINDOW_TOTALS, "unavailable_us")]
+    pairs.append(("produced", "acked_failed_pending"))
+    differs = [f"{a} <> {b}" for a, b in pairs]
+    names = ", ".join(f"IF({a} <> {b}, '{a} vs {b}', NULL)" for a, b in pairs)
+    query = (f"SELECT run_id, concat_ws('; ', {names}) AS differing, * EXCEPT (run_id) FROM {{batch}} "
+             f"WHERE {' OR '.join(differs)} ORDER BY run_id")
+    return [runner.unexpected_rows(query, description="summary totals equal the sums of the windows, and "
+                                                      "produced = acked + failed + pending")]
 
 
 def message_coverage(message_outcomes, produced_msg_ids, run_ids: Sequence[str]):
@@ -187,7 +200,7 @@ def check_outputs(spark, outputs: RunOutputs, run_ids: Sequence[str], *, produce
         ("run_summary", outputs.run_summary, lambda: _count_expectations("run_summary"),
          runner.summary_format(["run_id"])),
         ("summary_vs_windows", summary_vs_windows(outputs.run_summary, outputs.loss_metrics),
-         _summary_window_expectations, runner.summary_format(["run_id"])),
+         _summary_window_expectations, runner.ROWS_FORMAT),
     ]
     if produced_msg_ids is not None:
         targets.append(("message_coverage", message_coverage(outputs.message_outcomes, produced_msg_ids, run_ids),
@@ -206,18 +219,19 @@ def check_outputs(spark, outputs: RunOutputs, run_ids: Sequence[str], *, produce
         results.append(result)
         for res in runner.failed_results(result):
             cfg = res.get("expectation_config", {})
-            failures.append((target, cfg.get("description") or cfg.get("type", "?"), runner.unexpected_count(res)))
             rows = runner.offending_rows(res)
             ids = {r.get("run_id") for r in rows if isinstance(r, dict) and r.get("run_id") is not None}
             if not ids:
                 attributed_all = False
             failed_runs |= ids
+            failures.append(GateFailure(target, cfg.get("description") or cfg.get("type", "?"),
+                                        runner.unexpected_count(res), tuple(sorted(ids)), tuple(rows)))
     if failures and not attributed_all:
         failed_runs |= set(run_ids)
     evaluated = sum(r.get("statistics", {}).get("evaluated_expectations", 0) for r in results)
     successful = sum(r.get("statistics", {}).get("successful_expectations", 0) for r in results)
     return OutputGateReport(not failures, list(run_ids), sorted(failed_runs), failures, results, evaluated,
-                            successful, sum(c for _, _, c in failures))
+                            successful, sum(f.count for f in failures))
 
 
 def run_output_gate(spark, outputs: RunOutputs, *, trace_id: str, run_ids: Sequence[str], lakehouse=None,

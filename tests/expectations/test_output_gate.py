@@ -1,0 +1,150 @@
+"""The output gate (SPEC §7, §9): each expectation catches its violation and names the run; a failing gate
+exits 3 with the report path and leaves the previous version of every run table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from expectations.output_gate import NamedCheck, RunOutputs, check_outputs, run_output_gate
+from pipelines.lakehouse import RUN_TABLES, Lakehouse, RunRecord
+from schemas.errors import GateFailed
+from tests.pipelines.synthetic import make_run, run_tables
+
+pytestmark = pytest.mark.spark
+
+N_MESSAGES = 60
+SUMMARY_VS_WINDOWS = "summary totals equal the sums of the windows, and produced = acked + failed + pending"
+
+
+def run_frames(spark, run_id: str, seed: int) -> dict:
+    return run_tables(spark, make_run(run_id, seed, n_messages=N_MESSAGES))
+
+
+def union(frames: list[dict], name: str):
+    out = frames[0][name]
+    for f in frames[1:]:
+        out = out.unionByName(f[name])
+    return out
+
+
+def corrupt(frames: dict, table: str, change) -> dict:
+    return {**frames, table: change(frames[table])}
+
+
+@pytest.fixture(scope="module")
+def produced_ids(spark):
+    return spark.range(1, N_MESSAGES + 1).withColumnRenamed("id", "msg_id")
+
+
+def test_a_correct_run_passes(spark, produced_ids):
+    frames = run_frames(spark, "ok", 1)
+    outputs = RunOutputs(frames["message_outcomes"], frames["partition_states"], frames["loss_metrics"],
+                         frames["run_summary"])
+    report = check_outputs(spark, outputs, ["ok"], produced_msg_ids=produced_ids)
+    assert report.success and report.failures == [] and report.evaluated == 12
+    assert report.evaluated == report.successful
+
+
+def test_each_expectation_catches_its_violation_and_names_the_run(spark, produced_ids):
+    cases = {
+        "ok": lambda f: f,
+        "neg-latency": lambda f: corrupt(f, "message_outcomes", lambda d: d.withColumn(
+            "latency_us", F.when(F.col("msg_id") == 5, F.lit(-5)).otherwise(F.col("latency_us")))),
+        "dup-outcome": lambda f: corrupt(f, "message_outcomes",
+                                         lambda d: d.unionByName(d.where(F.col("msg_id") == 7))),
+        "hw-over-leo": lambda f: corrupt(f, "partition_states", lambda d: d.withColumn(
+            "log_end_offset", F.when(F.col("ts_us") == 0, F.col("high_watermark") - 1)
+            .otherwise(F.col("log_end_offset")))),
+        "hw-decrease": lambda f: corrupt(f, "partition_states", lambda d: d.unionByName(
+            d.where((F.col("partition") == 0) & (F.col("ts_us") == 0))
+            .withColumn("ts_us", F.lit(1)).withColumn("high_watermark", F.lit(-1))
+            .withColumn("log_end_offset", F.lit(0)))),
+        "acked-over-produced": lambda f: corrupt(f, "loss_metrics", lambda d: d.withColumn(
+            "acked", F.when((F.col("partition") == 0) & (F.col("window_start_us") == 0), F.col("produced") + 1)
+            .otherwise(F.col("acked")))),
+        "lost-over-acked": lambda f: corrupt(f, "run_summary", lambda d: d.withColumn(
+            "acked_lost", F.col("acked") + 1)),
+        "summary-mismatch": lambda f: corrupt(f, "run_summary", lambda d: d.withColumn(
+            "stranded", F.col("stranded") + 2)),
+        "missing-outcome": lambda f: corrupt(f, "message_outcomes", lambda d: d.where(F.col("msg_id") != 9)),
+        "invariant-broken": lambda f: f,
+    }
+    frames = [change(run_frames(spark, run_id, seed)) for seed, (run_id, change) in enumerate(cases.items())]
+    outputs = RunOutputs(*(union(frames, n) for n in ("message_outcomes", "partition_states", "loss_metrics",
+                                                        "run_summary")))
+    one_leader = NamedCheck("one_leader_at_a_time", spark.createDataFrame(
+        [("invariant-broken", 0, 1000, 2)], "run_id STRING, partition INT, ts_us BIGINT, leaders INT"),
+        "one leader per partition at a time (SPEC §9)")
+    holds = NamedCheck("hw_monotonic", spark.createDataFrame([], "run_id STRING, ts_us BIGINT"))
+    report = check_outputs(spark, outputs, list(cases), produced_msg_ids=produced_ids,
+                           extra_checks=[one_leader, holds])
+    assert not report.success
+    failed = {(f.target, f.expectation): f.run_ids for f in report.failures}
+    assert failed == {
+        ("message_outcomes", "latency >= 0"): ("neg-latency",),
+        ("message_outcomes", "at most one outcome per message and run"): ("dup-outcome",),
+        ("partition_states", "high_watermark <= log_end_offset"): ("hw-over-leo",),
+        ("partition_states.hw_monotonic", "high watermark never decreases within a leader epoch"): (
+            "hw-decrease",),
+        ("loss_metrics", "loss_metrics: acked <= produced"): ("acked-over-produced",),
+        ("run_summary", "run_summary: acked_lost <= acked"): ("lost-over-acked",),
+        # a corrupted window or summary also breaks summary = windows, for that run only
+        ("summary_vs_windows", SUMMARY_VS_WINDOWS): ("acked-over-produced", "lost-over-acked", "summary-mismatch"),
+        ("message_coverage", "every produced message has exactly one outcome per run"): ("missing-outcome",),
+        ("invariant.one_leader_at_a_time", "one leader per partition at a time (SPEC §9)"): ("invariant-broken",),
+    }
+    assert set(report.failed_run_ids) == set(cases) - {"ok"}
+    mismatch = next(f for f in report.failures if f.target == "summary_vs_windows")
+    assert {r["run_id"]: r["differing"] for r in mismatch.rows} == {
+        "acked-over-produced": "acked vs windows_acked", "lost-over-acked": "acked_lost vs windows_acked_lost",
+        "summary-mismatch": "stranded vs windows_stranded"}
+    counts = {f.expectation: f.count for f in report.failures}
+    assert counts["latency >= 0"] == 1 and counts["at most one outcome per message and run"] == 2
+    assert counts["every produced message has exactly one outcome per run"] == 1
+
+
+def test_failing_gate_exits_3_and_keeps_the_previous_version(spark, tmp_path, produced_ids):
+    lh = Lakehouse(tmp_path / "lh", spark)
+    record = RunRecord("run-x", "synthetic-trace", "synthetic:seed=1", "synthetic")
+    good = run_frames(spark, "run-x", 1)
+
+    def gate_for(frames):
+        outputs = RunOutputs(frames["message_outcomes"], frames["partition_states"], frames["loss_metrics"],
+                             frames["run_summary"])
+        return lambda: run_output_gate(spark, outputs, trace_id="synthetic-trace", run_ids=["run-x"],
+                                       lakehouse=lh, produced_msg_ids=produced_ids)
+
+    lh.publish_runs([record], good, gate=gate_for(good))
+    versions = {t: DeltaTable(lh.path(t)).version() for t in RUN_TABLES}
+    before = {t: sorted(map(tuple, lh.read(t).collect())) for t in RUN_TABLES}
+
+    bad = corrupt(good, "partition_states", lambda d: d.withColumn("high_watermark", F.col("log_end_offset") + 1))
+    with pytest.raises(GateFailed) as info:
+        lh.publish_runs([record], bad, gate=gate_for(bad))
+    error = info.value
+    assert error.exit_code == 3 and "high_watermark <= log_end_offset" in str(error) and "run-x" in str(error)
+    report = Path(error.report_path)
+    assert report.is_file() and lh.root in report.parents and str(report) in str(error)
+    assert "high_watermark &lt;= log_end_offset" in report.read_text()
+    assert {t: DeltaTable(lh.path(t)).version() for t in RUN_TABLES} == versions
+    assert {t: sorted(map(tuple, lh.read(t).collect())) for t in RUN_TABLES} == before
+    assert [(r.run_id, r.status) for r in lh.read("runs").collect()] == [("run-x", "succeeded")]
+    assert lh.read("partition_states", succeeded_only=True).count() == good["partition_states"].count()
+    validation = lh.read("validations").where("suite = 'output_gate'").collect()
+    assert len(validation) == 1 and not validation[0].success and validation[0].report_path == str(report)
+
+
+def test_failing_gate_on_a_new_run_marks_it_failed(spark, tmp_path):
+    lh = Lakehouse(tmp_path / "lh", spark)
+    bad = corrupt(run_frames(spark, "run-y", 2), "run_summary", lambda d: d.withColumn("acked_lost",
+                                                                                       F.col("acked") + 1))
+    outputs = RunOutputs(bad["message_outcomes"], bad["partition_states"], bad["loss_metrics"], bad["run_summary"])
+    with pytest.raises(GateFailed):
+        lh.publish_runs([RunRecord("run-y", "t", "p", "f")], bad, gate=lambda: run_output_gate(
+            spark, outputs, trace_id="t", run_ids=["run-y"], lakehouse=lh))
+    assert [(r.run_id, r.status) for r in lh.read("runs").collect()] == [("run-y", "failed")]
+    assert lh.read("message_outcomes").count() == 0 and lh.succeeded_run_ids() == []
