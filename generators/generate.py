@@ -83,6 +83,7 @@ from schemas.trace import EVENT_ARROW_SCHEMA, KIND_LABELS, Broker, Kind, Manifes
 BLOCK_US = US_PER_S  # the unit of produce randomness and of live slices
 SUB_BINS = 100  # rate-shape resolution inside a block (10 ms)
 TARGET_EVENTS_PER_CHUNK = 1_000_000
+TASK_WAVES = 2  # tasks per unit of spark.default.parallelism
 MAX_EVENTS = 50_000_000_000  # a guard against a typo in --scale, not a limit of the design
 STREAM_COUNTS = 10
 STREAM_PRODUCE = 11
@@ -573,7 +574,10 @@ def _run_chunks(spark, plan: TracePlan, chunks: range, folder: Path) -> list[Chu
     bc = spark.sparkContext.broadcast(plan)
     try:
         task = functools.partial(_write_chunks_task, bc, str(folder))
-        df = spark.range(chunks.start, chunks.stop, 1, numPartitions=max(1, len(chunks))).mapInArrow(task, SUMMARY_DDL)
+        # A Python task costs 0.1-0.3 s of fixed overhead on a small machine, so a task writes several chunks in
+        # turn (a worker holds one chunk at a time); a couple of waves keep the cores balanced.
+        tasks = max(1, min(len(chunks), TASK_WAVES * spark.sparkContext.defaultParallelism))
+        df = spark.range(chunks.start, chunks.stop, 1, numPartitions=tasks).mapInArrow(task, SUMMARY_DDL)
         rows = df.collect()
     finally:
         bc.unpersist()
