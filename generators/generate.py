@@ -4,8 +4,9 @@ How a trace is built
 --------------------
 The driver computes only small things (the `TracePlan`): the fault timeline, each broker's stall schedule and
 catch-up points, the number of messages in every one-second block (Poisson around the rate curve), and how
-blocks group into chunks of about a million events. The plan is broadcast; one Spark task per chunk builds that
-chunk's events with numpy and writes them as one Parquet file. The trace never passes through the driver.
+blocks group into chunks of about a million events. The plan is broadcast; Spark tasks (a couple per core, each taking
+several chunks in turn) build each chunk's events with numpy and write them as one Parquet file. The trace never
+passes through the driver, and a worker holds one chunk at a time.
 
 - `produce`: block b's messages come from a generator seeded by (seed, b): times follow the rate shape inside
   the block (inverse CDF over 10 ms bins), keys are Zipf over the key space (`k00042`, null for the unkeyed
