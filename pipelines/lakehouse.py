@@ -238,17 +238,9 @@ class Lakehouse:
         keys = [key_values] if isinstance(key_values, str) else list(key_values)
         self.replace_rows(table, self.spec(table).run_key, keys, df)
 
-    def _merge(self, table: str, key: str, rows_df) -> None:
-        from delta.tables import DeltaTable
-
-        data = self.conform(table, rows_df)
-
-        def merge() -> None:
-            (DeltaTable.forPath(self.spark, self.path(table)).alias("t")
-             .merge(data.alias("s"), f"t.`{key}` = s.`{key}`")
-             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-
-        with_retries(merge, f"merge {table}")
+    def _upsert(self, table: str, key: str, rows_df, keys: Sequence[str]) -> None:
+        """Insert or replace small rows by key: replaceWhere on the keys (one commit, much cheaper than MERGE)."""
+        self.replace_rows(table, key, keys, rows_df)
 
     def record_validations(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Upsert gate runs into `validations` (one row per suite, trace and run; SPEC §5, §7)."""
@@ -262,7 +254,7 @@ class Lakehouse:
             row["validated_at"] = row["validated_at"] or now
             full.append(row)
         df = self.spark.createDataFrame(full, schema=TABLES["validations"].spark_schema())
-        self._merge("validations", "validation_id", df)
+        self._upsert("validations", "validation_id", df, [r["validation_id"] for r in full])
 
     # ------------------------------------------------------------------------------------------- runs
     def _run_rows(self, records: Sequence[RunRecord], status: str, started: dt.datetime,
@@ -283,7 +275,7 @@ class Lakehouse:
         previous = [r.asDict(recursive=True) for r in
                     self.read("runs").where(in_predicate("run_id", ids)).collect()]
         started = dt.datetime.now(dt.UTC)
-        self._merge("runs", "run_id", self._run_rows(records, RUNNING, started, None))
+        self._upsert("runs", "run_id", self._run_rows(records, RUNNING, started, None), ids)
         return RunsTransaction(self, list(records), started, {p["run_id"]: p for p in previous})
 
     def publish_runs(self, records: Sequence[RunRecord], tables: Mapping[str, Any],
@@ -325,7 +317,7 @@ class RunsTransaction:
         records = [RunRecord(**{**r.__dict__, "mlflow_run_id": ids.get(r.run_id, r.mlflow_run_id)})
                    for r in self.records]
         rows = self.lh._run_rows(records, SUCCEEDED, self.started, dt.datetime.now(dt.UTC))
-        self.lh._merge("runs", "run_id", rows)
+        self.lh._upsert("runs", "run_id", rows, self.run_ids)
         self.done = True
 
     def fail(self) -> None:
@@ -334,12 +326,10 @@ class RunsTransaction:
         restore = [p for p in self.previous.values() if p["status"] == SUCCEEDED and not self.written]
         restored = {p["run_id"] for p in restore}
         failed = [r for r in self.records if r.run_id not in restored]
+        rows = self.lh._run_rows(failed, FAILED, self.started, dt.datetime.now(dt.UTC))
         if restore:
-            df = self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema())
-            self.lh._merge("runs", "run_id", df)
-        if failed:
-            self.lh._merge("runs", "run_id", self.lh._run_rows(failed, FAILED, self.started,
-                                                               dt.datetime.now(dt.UTC)))
+            rows = rows.unionByName(self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema()))
+        self.lh._upsert("runs", "run_id", rows, self.run_ids)
         self.done = True
 
     def __enter__(self) -> RunsTransaction:

@@ -1,0 +1,221 @@
+"""The lakehouse writer (SPEC §5, §11): declared schemas, one commit per table and run, idempotent re-runs,
+kill -9 at several points then re-run = an uninterrupted run, concurrent writers both land, delta-rs reads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from expectations.report import inside, safe_component
+from pipelines.lakehouse import RUN_TABLES, Lakehouse, RunRecord, in_predicate
+from schemas.errors import ReplabError
+from schemas.tables import TABLES
+from tests.pipelines.synthetic import make_run, run_tables
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+#: Columns that differ between two correct executions of the same run (wall-clock times).
+VOLATILE = {"runs": {"started_at", "finished_at"}, "validations": {"validated_at", "report_path"}}
+
+
+def snapshot(root: Path) -> dict[str, list]:
+    """Every table's rows read with delta-rs (another Delta implementation), sorted, without wall-clock columns."""
+    out = {}
+    for name in TABLES:
+        path = root / name
+        if not (path / "_delta_log").is_dir():
+            out[name] = None
+            continue
+        table = DeltaTable(str(path)).to_pyarrow_table()
+        keep = [c for c in TABLES[name].columns if c not in VOLATILE.get(name, set())]
+        out[name] = sorted(repr(row) for row in table.select(keep).to_pylist())
+    return out
+
+
+def only_run(snap: dict[str, list], run_id: str) -> dict[str, list]:
+    return {name: [r for r in rows if f"'run_id': '{run_id}'" in r] if rows else rows for name, rows in snap.items()}
+
+
+def record(run_id: str, seed: int) -> RunRecord:
+    return RunRecord(run_id, "synthetic-trace", f"synthetic:seed={seed}", "synthetic", {"seed": str(seed)})
+
+
+def write_run(lh: Lakehouse, spark, run_id: str, seed: int) -> None:
+    """What the writer process does, in this process (same data: tests/pipelines/synthetic.py main)."""
+    lh.publish_runs([record(run_id, seed)], run_tables(spark, make_run(run_id, seed)))
+
+
+def writer(root: Path, *run_args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Own session (process group): kill -9 takes the Python driver and its JVM down together.
+    return subprocess.Popen([sys.executable, "-m", "tests.pipelines.synthetic", "--lakehouse", str(root),
+                             *run_args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def b_only(spark, tmp_path_factory) -> Path:
+    """A lakehouse holding run b (seed 2) only (tests copy it: Delta tables are plain folders)."""
+    root = tmp_path_factory.mktemp("b_only") / "lakehouse"
+    write_run(Lakehouse(root, spark), spark, "b", 2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference_root(spark, tmp_path_factory, b_only) -> Path:
+    """Runs b then a (seed 1) written without interruption."""
+    root = tmp_path_factory.mktemp("reference") / "lakehouse"
+    shutil.copytree(b_only, root)
+    write_run(Lakehouse(root, spark), spark, "a", 1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(reference_root) -> dict[str, list]:
+    return snapshot(reference_root)
+
+
+def copy_of(root: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "lakehouse"
+    shutil.copytree(root, target)
+    return target
+
+
+def test_tables_have_declared_schema_partitioning_and_properties(spark, b_only):
+    lh = Lakehouse(b_only, spark, create=False)
+    for name, spec in TABLES.items():
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{lh.path(name)}`").collect()[0]
+        assert detail.format == "delta" and list(detail.partitionColumns) == list(spec.partition_by), name
+        for key, value in spec.properties.items():
+            assert detail.properties.get(key) == value, (name, key)
+        schema = spark.read.format("delta").load(lh.path(name)).schema
+        assert [(f.name, f.dataType, f.nullable) for f in schema.fields] == [
+            (f.name, f.dataType, f.nullable) for f in spec.spark_schema().fields], name
+        assert DeltaTable(lh.path(name)).schema().to_arrow().names == spec.columns  # delta-rs too
+
+
+def test_delta_rs_reads_every_table_with_the_documented_columns(reference_root):
+    for name, spec in TABLES.items():
+        table = DeltaTable(str(reference_root / name)).to_pyarrow_table()
+        # delta-rs puts partition columns last; the set and the types are the documented ones
+        assert sorted(table.schema.names) == sorted(spec.columns), name
+        for column in spec.columns:
+            assert table.schema.field(column).type == spec.arrow_schema().field(column).type, (name, column)
+    outcomes = DeltaTable(str(reference_root / "message_outcomes")).to_pyarrow_table()
+    assert outcomes.num_rows == 800 and pa.compute.count_distinct(outcomes["msg_id"]).as_py() == 400
+    runs = DeltaTable(str(reference_root / "runs")).to_pyarrow_table().to_pylist()
+    assert sorted((r["run_id"], r["status"]) for r in runs) == [("a", "succeeded"), ("b", "succeeded")]
+
+
+def test_rerun_replaces_and_never_duplicates(spark, tmp_path, reference_root, reference):
+    root = copy_of(reference_root, tmp_path)
+    lh = Lakehouse(root, spark)
+    before = {t: DeltaTable(lh.path(t)).version() for t in RUN_TABLES}
+    write_run(lh, spark, "a", 1)
+    assert snapshot(root) == reference
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{lh.path('message_outcomes')}`").collect()
+    writes = [h for h in history if h.version > before["message_outcomes"] and h.operation == "WRITE"]
+    assert len(writes) == 1  # one commit replaced run a's rows
+    assert "`run_id` IN ('a')" in writes[0].operationParameters["predicate"]
+
+
+def test_replace_run_touches_only_that_run(spark, tmp_path, reference_root):
+    lh = Lakehouse(copy_of(reference_root, tmp_path), spark)
+    b_rows = sorted(map(tuple, lh.read("partition_states").where("run_id = 'b'").collect()))
+    new_a = spark.createDataFrame(make_run("a", 99).states)
+    lh.replace_run("partition_states", "a", new_a)
+    assert sorted(map(tuple, lh.read("partition_states").where("run_id = 'b'").collect())) == b_rows
+    assert lh.read("partition_states").where("run_id = 'a'").count() == new_a.count()
+
+
+def test_rows_of_another_run_are_refused(spark, tmp_path):
+    lh = Lakehouse(tmp_path / "lh", spark, create=False)
+    with pytest.raises(Exception, match=r"(?i)replaceWhere|DELTA_REPLACE_WHERE"):
+        lh.replace_run("partition_states", "a", spark.createDataFrame(make_run("b", 1).states))
+
+
+def test_schema_is_never_inferred(spark, tmp_path):
+    lh = Lakehouse(tmp_path / "lh", spark, create=False)
+    states = spark.createDataFrame(make_run("a", 1).states)
+    with pytest.raises(ReplabError, match="missing: \\['high_watermark'\\]"):
+        lh.replace_run("partition_states", "a", states.drop("high_watermark"))
+    with pytest.raises(ReplabError, match="extra: \\['surprise'\\]"):
+        lh.replace_run("partition_states", "a", states.withColumn("surprise", states.ts_us))
+
+
+def test_succeeded_only_readers_skip_running_runs(spark, tmp_path, b_only):
+    lh = Lakehouse(copy_of(b_only, tmp_path), spark)
+    txn = lh.begin_runs([record("a", 1)])
+    txn.write("message_outcomes", spark.createDataFrame(make_run("a", 1).outcomes))
+    assert {r.run_id for r in lh.read("message_outcomes").select("run_id").distinct().collect()} == {"a", "b"}
+    assert {r.run_id for r in lh.read("message_outcomes", succeeded_only=True).select("run_id")
+            .distinct().collect()} == {"b"}
+    assert lh.succeeded_run_ids() == ["b"]
+
+
+def test_predicates_and_paths_are_safe(tmp_path):
+    assert in_predicate("run_id", ["x'); DROP TABLE t; --", "a"]) == (
+        "`run_id` IN ('a', 'x\\'); DROP TABLE t; --')")
+    for evil in ("../../etc", "/abs/path", "..", "a/../../b", ".hidden", ""):
+        part = safe_component(evil)
+        assert "/" not in part and not part.startswith(".") and part
+        assert tmp_path in inside(tmp_path, part).parents
+    with pytest.raises(ReplabError):
+        inside(tmp_path, "..", "x")
+
+
+def _kill_after(proc: subprocess.Popen, marker: str, timeout_s: float = 600) -> list[str]:
+    seen = []
+    deadline = time.time() + timeout_s
+    for line in proc.stdout:
+        seen.append(line.strip())
+        if line.startswith(marker):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        assert time.time() < deadline, seen
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, (seen, proc.stderr.read()[-3000:])
+    return seen
+
+
+# The writer prints a step, then immediately starts the next commit: killing right after a marker lands in
+# the middle of the next write (or of the commit of the run row).
+# Two points run by default, all of them in the slow suite (each costs a Spark process).
+KILL_POINTS = [pytest.param("step begin a", marks=pytest.mark.slow), "step wrote message_outcomes a",
+               pytest.param("step wrote loss_metrics a", marks=pytest.mark.slow), "step wrote run_summary a"]
+
+
+@pytest.mark.parametrize("marker", KILL_POINTS)
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path, b_only, reference, marker):
+    root = copy_of(b_only, tmp_path)
+    b_before = only_run(snapshot(root), "b")
+
+    seen = _kill_after(writer(root, "--run-id", "a", "--seed", "1"), marker)
+    assert seen[-1] == marker
+    after_kill = snapshot(root)
+    # Run b, written before, is intact; run a is not visible as succeeded.
+    assert only_run(after_kill, "b") == b_before
+    assert "a" not in Lakehouse(root, spark, create=False).succeeded_run_ids()
+
+    write_run(Lakehouse(root, spark), spark, "a", 1)
+    assert snapshot(root) == reference
+
+
+def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, reference):
+    root = tmp_path / "lakehouse"  # fresh: the two processes also race to create the tables
+    procs = [writer(root, "--run-id", "a", "--seed", "1"), writer(root, "--run-id", "b", "--seed", "2")]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert snapshot(root) == reference
+    assert Lakehouse(root, spark, create=False).succeeded_run_ids() == ["a", "b"]
