@@ -219,3 +219,25 @@ def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, referen
         assert p.returncode == 0, err[-3000:]
     assert snapshot(root) == reference
     assert Lakehouse(root, spark, create=False).succeeded_run_ids() == ["a", "b"]
+
+
+def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
+    """pipelines.publish: what a replay job calls with its outcomes, timelines and intervals."""
+    from pipelines.publish import ReplayResults, publish
+
+    runs = [make_run("p1", 1, n_messages=80), make_run("p2", 2, n_messages=80)]
+    outcomes = spark.createDataFrame(pa.concat_tables([r.outcomes for r in runs]))
+    events = outcomes.where("run_id = 'p1'").selectExpr("produce_us AS ts_us", "'produce' AS kind", "msg_id")
+    results = ReplayResults(
+        [record(r.run_id, i) for i, r in enumerate(runs)], [r.info for r in runs], outcomes,
+        spark.createDataFrame(pa.concat_tables([r.states for r in runs])),
+        spark.createDataFrame(pa.concat_tables([r.unavailability for r in runs])), events)
+    lh = Lakehouse(tmp_path / "lh", spark, create=False)
+    summaries = publish(spark, lh, results, trace_id="synthetic-trace", window_ms=500)
+    assert [s["run_id"] for s in summaries] == ["p1", "p2"] and all(s["produced"] == 80 for s in summaries)
+    assert lh.succeeded_run_ids() == ["p1", "p2"]
+    for name in RUN_TABLES:
+        assert {r.run_id for r in lh.read(name).select("run_id").distinct().collect()} == {"p1", "p2"}, name
+    gate = lh.read("validations").where("suite = 'output_gate'").collect()
+    assert sorted((v.run_id, v.success) for v in gate) == [("p1", True), ("p2", True)]
+    assert lh.read("loss_metrics").where("run_id = 'p1'").count() == 3 * (20_000_000 // 500_000 + 1)

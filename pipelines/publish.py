@@ -1,0 +1,76 @@
+"""The tail of a replay: windows and summary, the output gate, then the lakehouse (SPEC §4.3-§5, §7).
+
+`publish(...)` is what a replay job calls once its core has produced, for all policies of one invocation,
+the message outcomes, the partition timelines and the unavailability intervals:
+
+1. derive committed_offsets, loss_metrics, watermarks and run_summary (pipelines.metrics) and persist every
+   run table (the gate and the writes read them);
+2. mark the runs `running`, run the output gate on the DataFrames (validate before write), write every run
+   table (one Delta commit per table for all runs), mark the runs `succeeded` (Lakehouse.publish_runs).
+
+A gate failure raises GateFailed (exit 3) with every run table at its previous version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from expectations.output_gate import NamedCheck, RunOutputs, run_output_gate
+from pipelines import metrics
+from pipelines.lakehouse import Lakehouse, RunRecord
+from pipelines.metrics import RunInfo
+
+
+@dataclass
+class ReplayResults:
+    """A replay invocation's results, all runs together, in the schemas of `schemas/tables.py`."""
+
+    records: Sequence[RunRecord]
+    infos: Sequence[RunInfo]
+    message_outcomes: Any
+    partition_states: Any
+    unavailability: Any
+    #: The clean trace events the replay read (SPEC §2.1 columns): watermarks and the message coverage check.
+    events: Any
+
+
+def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:
+    """Every run table of the invocation, persisted."""
+    info = metrics.run_info_df(spark, list(results.infos))
+    tables = {
+        "message_outcomes": results.message_outcomes,
+        "partition_states": results.partition_states,
+        "unavailability": results.unavailability,
+    }
+    tables = {name: df.persist() for name, df in tables.items()}
+    tables["committed_offsets"] = metrics.committed_offsets(tables["partition_states"], tables["message_outcomes"],
+                                                            info, window_ms).persist()
+    tables["loss_metrics"] = metrics.loss_metrics(tables["message_outcomes"], tables["unavailability"], info,
+                                                  window_ms).persist()
+    tables["watermarks"] = metrics.watermarks(results.events, info).persist()
+    tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"],
+                                                info).persist()
+    return tables
+
+
+def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: str, window_ms: int = 1000,
+            extra_checks: Sequence[NamedCheck] = ()) -> list[dict[str, Any]]:
+    """Gate and write one replay invocation; returns the run_summary rows (dicts, in `records` order)."""
+    from pyspark.sql import functions as F
+
+    tables = derive_tables(spark, results, window_ms)
+    run_ids = [r.run_id for r in results.records]
+    produced = results.events.where(F.col("kind") == "produce").select("msg_id")
+    outputs = RunOutputs(tables["message_outcomes"], tables["partition_states"], tables["loss_metrics"],
+                         tables["run_summary"])
+    try:
+        lakehouse.publish_runs(results.records, tables, gate=lambda: run_output_gate(
+            spark, outputs, trace_id=trace_id, run_ids=run_ids, lakehouse=lakehouse, produced_msg_ids=produced,
+            extra_checks=extra_checks))
+        summaries = {r.run_id: r.asDict() for r in tables["run_summary"].collect()}
+    finally:
+        for df in tables.values():
+            df.unpersist()
+    return [summaries[run_id] for run_id in run_ids]
