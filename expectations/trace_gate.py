@@ -114,8 +114,10 @@ class TraceRuleReport:
     outcomes: list[RuleOutcome]
     #: GX's results (JSON dicts): the schema validation, then the rule validation when it ran.
     gx_results: list[dict[str, Any]]
-    #: The events with their rule columns (persisted); None when the columns themselves are bad.
+    #: The events with their rule columns (not persisted: a lineage); None when the columns themselves are bad.
     annotated: Any = None
+    #: The annotated rows that break at least one rule (persisted; usually few or none).
+    violations: Any = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -171,13 +173,13 @@ class TraceRuleReport:
         """Rows for the `quarantine` table: the raw row as JSON, rule, severity, file and row."""
         from pyspark.sql import functions as F
 
-        if self.annotated is None:
+        if self.violations is None:
             raise ValueError("no annotated events (the column checks failed)")
         parts = []
         for rule in ROW_RULES:
             if rule.severity != QUARANTINE:
                 continue
-            parts.append(self.annotated.where(F.col(rule.column)).select(
+            parts.append(self.violations.where(F.col(rule.column)).select(
                 F.lit(run_id).cast("string").alias("run_id"), F.lit(self.trace_id).alias("trace_id"),
                 F.col("_file").alias("file"), F.col("_row").alias("row"),
                 F.to_json(F.struct(*EVENT_NAMES), {"ignoreNullFields": "false"}).alias("raw"),
@@ -200,8 +202,8 @@ class TraceRuleReport:
                 "quarantine_count": self.quarantine_count, "rules": [o.as_dict() for o in self.outcomes]}
 
     def release(self) -> None:
-        if self.annotated is not None:
-            self.annotated.unpersist()
+        if self.violations is not None:
+            self.violations.unpersist()
 
 
 # ----------------------------------------------------------------------------------------------- annotation
@@ -351,7 +353,11 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
     """Run every rule of SPEC §2.3 on `events_df` (the SPEC §2.1 columns, optionally `_file`/`_row`).
 
     Raises nothing for bad data: the report says what broke (see `TraceRuleReport.to_bad_input`). The
-    annotated events stay persisted for the quarantine split and the clean events; `release()` frees them.
+    rows that break a rule stay persisted for the quarantine split; `release()` frees them.
+
+    The rule columns are computed in one pass over the events, and GX's batch is the rows flagged by at least
+    one rule: each rule's query then scans those few rows instead of the whole trace (same answers: a row
+    without any flag cannot match a rule's query).
     """
     from pyspark import StorageLevel
 
@@ -364,8 +370,14 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
         outcomes += [RuleOutcome(r.name, r.severity, r.description, 0) for r in ROW_RULES]
         return report
 
-    annotated = annotate(events_df, manifest).persist(StorageLevel.MEMORY_AND_DISK)
-    result = runner.validate(annotated, suite_name=SUITE, target="events", expectations=rule_expectations(),
+    from pyspark.sql import functions as F
+
+    annotated = annotate(events_df, manifest)
+    flagged = F.lit(False)
+    for rule in ROW_RULES:
+        flagged = flagged | F.col(rule.column)
+    violations = annotated.where(flagged).persist(StorageLevel.MEMORY_AND_DISK)
+    result = runner.validate(violations, suite_name=SUITE, target="events", expectations=rule_expectations(),
                              result_format=runner.ROWS_FORMAT)
     by_rule = {r["expectation_config"]["meta"]["rule"]: r for r in result["results"]}
     for rule in ROW_RULES:
@@ -373,7 +385,7 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
         outcomes.append(RuleOutcome(rule.name, rule.severity, rule.description, runner.unexpected_count(res),
                                     runner.offending_rows(res, FIRST_ROWS)))
     report.gx_results.append(result)
-    report.annotated = annotated
+    report.annotated, report.violations = annotated, violations
     return report
 
 
