@@ -302,6 +302,9 @@ class RocketMQControllerPolicy(Policy):
                                      minimum=1, source="R-CL asyncPutMessage")
     enable_elect_unclean_master: bool = param(False, "elect any replica (highest offset) when the SyncStateSet "
                                               "has none alive", source="R-CtrlConfig")
+    slave_timeout_ms: int = param(3000, "the master's wait for in_sync_replicas / the SyncStateSet before "
+                                  "FLUSH_SLAVE_TIMEOUT", unit="ms", minimum=1,
+                                  source="R-CL handleHA slaveTimeout (reference E R6a)")
     controller_heartbeat_timeout_ms: int = param(10000, "a master that stops heartbeating is dead after this "
                                                  "(crash: noticed at once)", unit="ms", minimum=1,
                                                  source="R-CtrlHB")

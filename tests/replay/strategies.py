@@ -12,9 +12,12 @@ MS = 1000
 
 
 @st.composite
-def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 40_000):
+def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 40_000,
+           kinds: tuple[str, ...] | None = None, tails_ms: tuple[int, ...] | None = None):
     """A valid trace: per-broker fault state machines, replication reports only while up and reachable (with
-    non-decreasing upto since the last restart), bursts of produces, same-instant collisions on a coarse grid."""
+    non-decreasing upto since the last restart), bursts of produces, same-instant collisions on a coarse grid.
+    `kinds` (event kinds to sample from, repeated for weight) and `tails_ms` (time after the last event) default
+    to the mix the Kafka tests were written with."""
     n = draw(st.integers(2, max_brokers))
     grid = draw(st.sampled_from([1, 10, 100, 1000]))  # coarse grids make same-instant events common
     rows = []
@@ -29,7 +32,7 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
             break
         ts = t * MS
         b = draw(st.integers(0, n - 1))
-        kind = draw(st.sampled_from(["produce"] * 6 + ["replicate"] * 6 + [
+        kind = draw(st.sampled_from(list(kinds) if kinds else ["produce"] * 6 + ["replicate"] * 6 + [
             "crash", "power_loss", "disk_loss", "shutdown", "restart", "isolate", "heal"]))
         if kind == "produce":
             for _ in range(draw(st.integers(1, 4))):
@@ -62,7 +65,7 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
     cols = list(zip(*rows)) if rows else [[] for _ in range(8)]
     table = pa.table({f.name: pa.array(list(c), f.type) for f, c in zip(EVENT_ARROW_SCHEMA, cols)},
                      schema=EVENT_ARROW_SCHEMA)
-    duration = max(duration_ms, t) * MS + draw(st.sampled_from([0, 7 * MS, 30_000 * MS]))
+    duration = max(duration_ms, t) * MS + draw(st.sampled_from([ms * MS for ms in tails_ms or (0, 7, 30_000)]))
     manifest = Manifest("hyp", tuple(__import__("schemas.trace").trace.Broker(i, f"r{i % 2}") for i in range(n)),
                         duration)
     return manifest, table
@@ -94,3 +97,100 @@ def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
     elif flush == "interval":
         params["flush_interval_ms"] = draw(st.sampled_from([10, 1000, 7000]))
     return parse_policy("kafka:" + ",".join(f"{k}={v}" for k, v in params.items()))
+
+
+# ------------------------------------------------------------------------------------ RocketMQ families
+def _flush_params(draw, intervals: list[int]) -> dict:
+    flush = draw(st.sampled_from(["default", "sync", "interval", "null"]))
+    if flush == "sync":
+        return {"flush": "sync"}
+    if flush == "interval":
+        return {"flush_interval_ms": draw(st.sampled_from(intervals))}
+    if flush == "null":
+        return {"flush_interval_ms": "null"}
+    return {}
+
+
+def _client_params(draw) -> dict:
+    return {
+        "queues_per_group": draw(st.integers(1, 3)),
+        "retry_times_when_send_failed": draw(st.integers(0, 2)),
+        "route_refresh_ms": draw(st.sampled_from([700, 5000, 30000])),
+        "delivery_timeout_ms": draw(st.sampled_from([800, 3000, 9000])),
+        "client_failover_ms": draw(st.sampled_from([0, 100, 1500])),
+    }
+
+
+def _policy(family: str, params: dict):
+    return parse_policy(family + ":" + ",".join(f"{k}={v}" for k, v in params.items()))
+
+
+@st.composite
+def rocketmq_policies(draw, n_brokers: int):
+    s = draw(st.integers(0, min(2, n_brokers - 1)))
+    params = {
+        "slaves_per_master": s,
+        "broker_role": draw(st.sampled_from(["ASYNC_MASTER", "SYNC_MASTER", "SYNC_MASTER"])),
+        "in_sync_replicas": draw(st.integers(1, 3)),
+        "flush_least_bytes": draw(st.sampled_from([0, 2500, 16384])),
+        "flush_thorough_interval_ms": draw(st.sampled_from([1000, 10000])),
+        "slave_timeout_ms": draw(st.sampled_from([400, 3000])),
+        "ordered": draw(st.booleans()),
+        "reconcile": draw(st.sampled_from(["master_wins", "union"])),
+        **_client_params(draw), **_flush_params(draw, [10, 500, 3000]),
+    }
+    return _policy("rocketmq", params)
+
+
+@st.composite
+def dledger_policies(draw, n_brokers: int):
+    params = {
+        "group_size": draw(st.integers(1, min(5, n_brokers))),
+        "heartbeat_ms": draw(st.sampled_from([300, 2000])),
+        "max_heartbeat_leak": draw(st.integers(1, 3)),
+        "vote_delay_ms": draw(st.sampled_from([0, 650])),
+        "max_wait_ack_ms": draw(st.sampled_from([300, 2500])),
+        **_client_params(draw), **_flush_params(draw, [1, 10, 700]),
+    }
+    return _policy("dledger", params)
+
+
+@st.composite
+def controller_policies(draw, n_brokers: int):
+    params = {
+        "slaves_per_master": draw(st.integers(0, min(2, n_brokers - 1))),
+        "flush_least_bytes": draw(st.sampled_from([0, 2500, 16384])),
+        "ha_max_time_slave_not_catchup_ms": draw(st.sampled_from([2000, 15000])),
+        "check_sync_state_set_period_ms": draw(st.sampled_from([700, 5000])),
+        "in_sync_replicas": draw(st.integers(1, 3)),
+        "all_ack_in_sync_state_set": draw(st.booleans()),
+        "min_insync_replicas": draw(st.integers(1, 3)),
+        "enable_elect_unclean_master": draw(st.booleans()),
+        "controller_heartbeat_timeout_ms": draw(st.sampled_from([1000, 10000])),
+        "controller_scan_ms": draw(st.sampled_from([300, 5000])),
+        "slave_timeout_ms": draw(st.sampled_from([400, 3000])),
+        **_client_params(draw), **_flush_params(draw, [10, 500, 3000]),
+    }
+    return _policy("rocketmq-controller", params)
+
+
+ROCKETMQ_POLICY_STRATEGIES = {"rocketmq": rocketmq_policies, "dledger": dledger_policies,
+                              "rocketmq-controller": controller_policies}
+
+
+#: A mix for broker groups: more faults and restarts (quorum losses, elections), short tails (pending sends).
+GROUP_KINDS = ("produce",) * 7 + ("replicate",) * 6 + (
+    "crash", "crash", "power_loss", "disk_loss", "shutdown", "restart", "restart", "restart", "isolate", "heal")
+
+
+#: Crashes without many restarts and steady sends: groups that lose their majority while the leader is up
+#: (DLedger max_wait_ack failover to another group).
+QUORUM_KINDS = ("produce",) * 8 + ("replicate",) * 3 + ("crash",) * 3 + ("restart", "isolate")
+
+
+def group_traces(max_brokers: int = 6, max_events: int = 70):
+    return st.one_of(traces(max_brokers=max_brokers, max_events=max_events),
+                     traces(max_brokers=max_brokers, max_events=max_events, duration_ms=10_000, kinds=GROUP_KINDS,
+                            tails_ms=(0, 1, 1500, 7000)),
+                     traces(max_brokers=max_brokers, max_events=max_events, duration_ms=8_000, kinds=QUORUM_KINDS,
+                            tails_ms=(0, 1, 3000)))

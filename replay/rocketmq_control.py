@@ -1,0 +1,632 @@
+"""RocketMQ families: what the fault timeline alone decides (SPEC §3.3-3.5), shared by routing and the kernels.
+
+A replay unit of the `rocketmq`, `dledger` and `rocketmq-controller` families is a broker group: its CommitLog
+holds every queue of the group, and flush decisions count the dirty bytes of that log (SPEC §3.3 flush). Units
+replay independently, in one shuffle, so where a message goes must be decided before any unit is replayed, from
+the produce events and the small fault timeline (crash, power_loss, disk_loss, shutdown, isolate, restart, heal).
+This module holds that decision: a *control plane* per group (who leads, who clients write to, what the NameServer
+knows), computed from faults only, and the router built on it (SPEC §3.3 rules 1-3).
+
+The kernels (`replay/kernels/rocketmq.py`) run the same control plane incrementally, so routing and replay agree
+on every instant at which a group takes writes. The reference interpreter (`replay/reference/rocketmq.py`) has its
+own, independent implementation of these rules; the differential tests compare the two.
+
+Modelling choices where SPEC leaves room (each one keeps units independent; all are in the README notes):
+
+C1 Election winner. SPEC §3.4 rule 3 elects the longest log and §3.5 the highest (epoch, offset): both depend on
+   replication, which routing cannot see. replab splits the election in two: *who* leads is decided by the fault
+   timeline (the first eligible member in group order: up and not isolated), and the winner's log becomes the
+   best eligible log (longest / highest (last epoch, length), ties first in group order), as if it had caught up
+   from that member before taking writes. Data outcomes are those of SPEC's rule; only the leader's identity can
+   differ, and routing knows it exactly.
+C2 Cross-group retries happen only for failures the fault timeline predicts: the chosen group takes no writes
+   (SPEC §3.3 rule 3, §3.4 rule 1), or, for DLedger, no majority of the group is up and reachable at any instant
+   of [send, send + max_wait_ack_ms] (the entry cannot commit: the send fails with IN_SYNC_REPLICAS_NOT_ENOUGH at
+   send + max_wait_ack_ms and is retried at the next group then, §3.4 rule 2). Failures that depend on
+   replication (a commit that times out behind a stalled follower, a controller SyncStateSet below
+   min_insync_replicas, a master that dies before a message commits) fail in the unit with their own error.
+C3 The uncommitted copy left by a DLedger attempt that is retried elsewhere is not appended at the first group
+   (it could only surface as a duplicate, which one outcome row per message cannot show).
+C4 NameServer (SPEC §3.3 rule 1): the group's registered master (leader) is dropped at once when it crashes or
+   shuts down while reachable, 120000 ms after it loses power or disk or is isolated (a crash while isolated is
+   not seen either), and registers again when it is reachable and still master; a newly elected leader
+   registers at its election. Producer polls every route_refresh_ms from time 0 see the state after every event
+   of their instant; the route used by a send at t is the last poll strictly before t (the poll at 0 holds
+   every group), because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
+C5 Queue choice on failover (SPEC §3.3 rule 3): the next queue in route order whose group differs from the
+   failed one; with a single group in the route, the next queue (RocketMQ's fallback selector), so a DLedger
+   retry may return to the same group. The route of a send is fixed at its first attempt (RocketMQ fetches
+   TopicPublishInfo once per send). A retry needs time left: its instant must be before produce +
+   delivery_timeout_ms (sendMsgTimeout).
+C6 DLedger (SPEC §3.4 rule 3): a leader that is down, or isolated, or cannot reach a majority (itself
+   included) for heartbeat_ms × max_heartbeat_leak steps down (a dead leader at once: the group has no leader
+   from that instant). Followers notice a dead or isolated leader that long after it went silent and vote
+   vote_delay_ms later; after a step-down the election runs vote_delay_ms after a majority is up and reachable.
+   A leader takes writes while it is up, not isolated and clients reached it (client_failover_ms after its
+   election). `shutdown` is detected like a crash (DLedger has no controlled leadership hand-over).
+C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable is noticed at once (at that
+   instant, after its trace events); one that loses power or disk or is isolated at the first controller scan
+   tick (every controller_scan_ms from 0) at least controller_heartbeat_timeout_ms later, or when its new
+   incarnation registers (restart; the election then runs at once, before that instant's sends), whichever is
+   first; an isolation healed before then changes nothing.
+   Clients reach a new master client_failover_ms after its election, except that clients of an isolated old
+   master (a "zombie", which still takes writes, SPEC §3.3 rule 3) keep writing to it until their next route
+   poll, its heal or its stop (then client_failover_ms later). A group without an eligible member elects
+   whenever one comes back. The kernel adds one data-dependent case the router cannot see: no SyncStateSet
+   member is eligible (and no unclean election); that group takes no writes (`no_leader`) until one is.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.events import PartitionEvents
+from replay.policies import (
+    NAMESERVER_EXPIRY_MS,
+    DLedgerPolicy,
+    Policy,
+    RocketMQControllerPolicy,
+    RocketMQPolicy,
+)
+from schemas.errors import BadInput
+from schemas.trace import Kind, Manifest
+
+MS = 1000
+INF = np.iinfo(np.int64).max // 64
+# Same-instant order (SPEC §2.2): trace kinds 0-8 (Kind), then derived events in this order.
+C_NS = 9  # the NameServer drops a silent master
+C_DETECT = 10  # controller notices a dead master; a DLedger leader steps down
+C_ELECT = 11  # election
+C_CHECK = 12  # controller SyncStateSet check tick (engines only)
+C_SWITCH = 13  # clients reach the new leader
+C_POLL = 14  # producer route poll (clients of a zombie master learn the new one)
+C_ARRIVE = 15  # a send retried at another group arrives (DLedger max_wait_ack failover)
+C_TIMEOUT = 16  # broker timeouts and client deadlines (statuses only)
+C_FLUSH = 17  # async flush ticks (last: writes of the instant are on the page cache before the flush)
+C_LAST = 31
+KEY = 32  # key = ts_us * KEY + code
+
+
+def key_of(ts_us, code):
+    return ts_us * KEY + code
+
+
+STOPS = (Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN)
+
+
+# ============================================================================================= layout
+def group_members(policy: Policy, manifest: Manifest) -> list[tuple[int, ...]]:
+    """Brokers of every group, master (or initial leader) first (SPEC §3.3 `groups`, §3.4 `group_size`)."""
+    ordered = sorted(manifest.broker_ids)
+    if isinstance(policy, DLedgerPolicy):
+        size = policy.group_size
+        groups = len(ordered) // size
+    else:
+        size = 1 + policy.slaves_per_master
+        groups = policy.groups if policy.groups is not None else len(ordered) // size
+    if groups < 1 or groups * size > len(ordered):
+        raise BadInput(f"policy {policy.canonical()}: {groups} group(s) of {size} brokers need {max(groups, 1) * size}"
+                       f" brokers; the trace has {len(ordered)}", rule="policy-value")
+    return [tuple(ordered[g * size: (g + 1) * size]) for g in range(groups)]
+
+
+def majority(size: int) -> int:
+    return size // 2 + 1
+
+
+# ====================================================================================== control plane
+@dataclass
+class ControlState:
+    """A group's control state after one event (what routing samples)."""
+
+    key: int
+    writable: bool  # a send reaching the group now is taken (SPEC §3.3 rule 3, §3.4 rule 1)
+    registered: bool  # the NameServer lists the group's master (SPEC §3.3 rule 1)
+    alive: int  # members up and not isolated (DLedger quorum)
+
+
+class ControlPlane:
+    """Fault-timeline state of one group: liveness, leader, clients' target, NameServer registration.
+
+    Trace events go to `trace()`; derived events are kept in a heap and applied by `pop()` in key order.
+    `hooks` (the kernel) is told of elections, step-downs and client switches, to apply their data effects.
+    """
+
+    def __init__(self, policy: Policy, members: tuple[int, ...], hooks=None) -> None:
+        self.p = policy
+        self.members = tuple(members)
+        self.hooks = hooks
+        self.up = {b: True for b in members}
+        self.iso = {b: False for b in members}
+        self.leader: int | None = members[0]  # master / leader; None while the group has none
+        self.epoch = 0
+        self.target: int | None = members[0]  # the broker clients send to
+        self.heap: list[tuple[int, int, str, int, int]] = []
+        self.seq = 0
+        self.gen: dict[str, int] = {}
+        # NameServer (C4)
+        self.reg_broker: int | None = members[0]
+        self.registered = True
+        self.ns_pending = False
+
+    # ------------------------------------------------------------------------------------ plumbing
+    def alive(self, b: int) -> bool:
+        return self.up[b] and not self.iso[b]
+
+    def alive_count(self) -> int:
+        return sum(1 for b in self.members if self.alive(b))
+
+    def _push(self, t: int, code: int, what: str, arg: int = 0) -> None:
+        """Schedule a derived event; scheduling `what` again supersedes the earlier one."""
+        g = self.gen.get(what, 0) + 1
+        self.gen[what] = g
+        self.seq += 1
+        heapq.heappush(self.heap, (key_of(t, code), self.seq, what, arg, g))
+
+    def _cancel(self, what: str) -> None:
+        self.gen[what] = self.gen.get(what, 0) + 1
+
+    def next_key(self) -> int:
+        while self.heap and self.heap[0][4] != self.gen.get(self.heap[0][2], 0):
+            heapq.heappop(self.heap)
+        return self.heap[0][0] if self.heap else INF
+
+    def pop(self) -> int:
+        """Apply the next derived event; returns its key."""
+        k = self.next_key()
+        _, _, what, arg, _ = heapq.heappop(self.heap)
+        getattr(self, "_on_" + what)(k // KEY, arg)
+        return k
+
+    def writable(self) -> bool:
+        raise NotImplementedError
+
+    def state(self, key: int) -> ControlState:
+        return ControlState(key, self.writable(), self.registered, self.alive_count())
+
+    # ----------------------------------------------------------------------------- trace events
+    def trace(self, t: int, kind: Kind, b: int) -> None:
+        if b not in self.up:
+            return
+        was_iso = self.iso[b]
+        if kind in STOPS:
+            self.up[b] = False
+        elif kind is Kind.ISOLATE:
+            self.iso[b] = True
+        elif kind is Kind.RESTART:
+            self.up[b] = True
+        elif kind is Kind.HEAL:
+            self.iso[b] = False
+        self._nameserver(t, kind, b, was_iso)
+        self._rules(t, kind, b, was_iso)
+
+    def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------- NameServer (C4)
+    def _nameserver(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        if b != self.reg_broker:
+            return
+        if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
+            self.registered = False  # its connection closes
+            self.ns_pending = False
+            self._cancel("ns")
+        elif kind in STOPS or kind is Kind.ISOLATE:
+            if self.registered and not self.ns_pending:
+                self.ns_pending = True
+                self._push(t + NAMESERVER_EXPIRY_MS * MS, C_NS, "ns")
+        elif self.alive(b):
+            self.ns_pending = False
+            self._cancel("ns")
+            self.registered = self._is_master(b)  # a broker that is no longer master registers as a slave
+
+    def _is_master(self, b: int) -> bool:
+        return self.leader == b
+
+    def _on_ns(self, t: int, _: int) -> None:
+        self.ns_pending = False
+        self.registered = False
+
+    def _register_leader(self, b: int) -> None:
+        self.reg_broker = b
+        self.registered = True
+        self.ns_pending = False
+        self._cancel("ns")
+
+
+class ClassicControl(ControlPlane):
+    """SPEC §3.3: the master never changes; its queues take writes while it is up (rules 3, 5)."""
+
+    def writable(self) -> bool:
+        return self.up[self.members[0]]
+
+    def _is_master(self, b: int) -> bool:
+        return b == self.members[0]
+
+    def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        if b == self.members[0] and kind is Kind.RESTART:
+            self.epoch += 1  # a new incarnation of the master appends under a new epoch
+
+
+class DLedgerControl(ControlPlane):
+    """SPEC §3.4 rule 3 with C1 and C6."""
+
+    def __init__(self, policy: DLedgerPolicy, members: tuple[int, ...], hooks=None) -> None:
+        super().__init__(policy, members, hooks)
+        self.q = majority(len(members))
+        self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
+        self.vote_us = policy.vote_delay_ms * MS
+        self.silent_since: int | None = None  # when the current leader stopped reaching the group
+        self.waiting = False  # leaderless, noticed, waiting for a majority to vote
+        self.stepdown_pending = False
+        self.client_epoch = 0  # the leader epoch clients have reached (rule 3: client_failover_ms after a vote)
+
+    def writable(self) -> bool:
+        ldr = self.leader
+        return ldr is not None and self.client_epoch == self.epoch and self.alive(ldr)
+
+    def _reach(self) -> int:
+        ldr = self.leader
+        return 1 if self.iso[ldr] else self.alive_count()
+
+    def _quorum_check(self, t: int) -> None:
+        """A leader that cannot reach a majority steps down detect_us later unless it reaches one again (C6)."""
+        if self.leader is None or not self.up[self.leader]:
+            return
+        if self._reach() < self.q:
+            if not self.stepdown_pending:
+                self.stepdown_pending = True
+                self._push(t + self.detect_us, C_DETECT, "stepdown")
+        elif self.stepdown_pending:
+            self.stepdown_pending = False
+            self._cancel("stepdown")
+
+    def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        ldr = self.leader
+        if b == ldr and kind in STOPS:
+            silent = self.silent_since if was_iso and self.silent_since is not None else t
+            self._lose_leader(t)
+            self._push(max(silent + self.detect_us + self.vote_us, t), C_ELECT, "elect")
+            return
+        if b == ldr and kind is Kind.ISOLATE:
+            self.silent_since = t
+        if b == ldr and kind is Kind.HEAL:
+            self.silent_since = None
+            self._cancel("elect")
+        if ldr is not None:
+            self._quorum_check(t)
+        elif self.waiting and kind in (Kind.RESTART, Kind.HEAL) and self.alive_count() >= self.q:
+            self.waiting = False
+            self._push(t + self.vote_us, C_ELECT, "elect")
+
+    def _lose_leader(self, t: int) -> None:
+        self.leader = None
+        self.silent_since = None
+        self.stepdown_pending = False
+        self._cancel("stepdown")
+        if self.hooks is not None:
+            self.hooks.on_leader_lost(t)
+
+    def _on_stepdown(self, t: int, _: int) -> None:
+        isolated = self.iso[self.leader]
+        self._lose_leader(t)
+        if isolated:
+            return  # followers noticed at this same instant; the election is scheduled below
+        self.waiting = True
+
+    def _on_elect(self, t: int, _: int) -> None:
+        if self.leader is not None:
+            return
+        voters = [b for b in self.members if self.alive(b)]
+        if len(voters) < self.q:
+            self.waiting = True
+            return
+        self.waiting = False
+        self.leader = voters[0]
+        self.epoch += 1
+        self._register_leader(voters[0])
+        if self.hooks is not None:
+            self.hooks.on_elect(t, voters[0], tuple(voters))
+        self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch", self.epoch)
+        self._quorum_check(t)
+
+    def _on_switch(self, t: int, epoch: int) -> None:
+        self.client_epoch = epoch
+        self.target = self.leader
+        if self.hooks is not None:
+            self.hooks.on_switch(t)
+
+    def trace(self, t: int, kind: Kind, b: int) -> None:
+        ldr = self.leader
+        super().trace(t, kind, b)
+        if ldr is not None and b == ldr and kind is Kind.ISOLATE:
+            # followers stop hearing the isolated leader: they vote detect + vote delay later (C6)
+            self._push(t + self.detect_us + self.vote_us, C_ELECT, "elect")
+
+
+class ControllerControl(ControlPlane):
+    """SPEC §3.5 with C1 and C7."""
+
+    def __init__(self, policy: RocketMQControllerPolicy, members: tuple[int, ...], hooks=None) -> None:
+        super().__init__(policy, members, hooks)
+        self.reincarnated = False  # the master restarted while its death was not yet noticed
+        self.detect_pending = False
+
+    def writable(self) -> bool:
+        tgt = self.target
+        return tgt is not None and self.up[tgt]
+
+    def _scan_deadline(self, t: int) -> int:
+        scan = self.p.controller_scan_ms * MS
+        due = t + self.p.controller_heartbeat_timeout_ms * MS
+        return -(-due // scan) * scan
+
+    def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        m = self.leader
+        if b == m:
+            if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
+                self._detect(t)  # the controller sees the channel close
+            elif (kind in STOPS or kind is Kind.ISOLATE) and not self.detect_pending:
+                self._detect(self._scan_deadline(t))
+            elif kind is Kind.RESTART:
+                self.reincarnated = True
+                if not self.iso[b]:
+                    self._registers(t)
+            elif kind is Kind.HEAL and self.up[b]:
+                if self.reincarnated:
+                    self._registers(t)
+                else:
+                    self.detect_pending = False
+                    self._cancel("detect")  # an isolation healed before the deadline changes nothing
+        if b == self.target and b != m and kind in (*STOPS, Kind.HEAL):
+            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")  # clients of a zombie move on
+        if m is None and self.alive(b):
+            self._push(t, C_ELECT, "elect")  # an offline group elects when a member comes back
+
+    def _detect(self, t: int) -> None:
+        self.detect_pending = True
+        self._push(t, C_DETECT, "detect")
+
+    def _registers(self, t: int) -> None:
+        """The master's new incarnation registers: the controller elects at once, before it serves anyone."""
+        self.detect_pending = False
+        self._cancel("detect")
+        self._elect(t)
+
+    def _on_detect(self, t: int, _: int) -> None:
+        self.detect_pending = False
+        self._elect(t)
+
+    def _on_elect(self, t: int, _: int) -> None:
+        if self.leader is None:
+            self._elect(t)
+
+    def _elect(self, t: int) -> None:
+        old = self.leader
+        self.reincarnated = False
+        eligible = [b for b in self.members if self.alive(b)]
+        if not eligible:
+            self.leader = None
+            if self.hooks is not None:
+                self.hooks.on_offline(t)
+            return
+        new = eligible[0]
+        self.leader = new
+        self.epoch += 1
+        self._register_leader(new)
+        zombie = old is not None and old == self.target and self.up[old] and self.iso[old]
+        if self.hooks is not None:
+            self.hooks.on_elect(t, new, tuple(eligible))
+        if zombie:
+            r = self.p.route_refresh_ms * MS
+            self._push(-(-t // r) * r, C_POLL, "poll")  # clients of the zombie learn at their next poll
+        else:
+            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")
+
+    def _on_switch(self, t: int, _: int) -> None:
+        self._cancel("poll")
+        self.target = self.leader
+        if self.hooks is not None:
+            self.hooks.on_switch(t)
+
+    def _on_poll(self, t: int, _: int) -> None:
+        self._on_switch(t, 0)
+
+
+CONTROL_CLASSES = {"rocketmq": ClassicControl, "dledger": DLedgerControl, "rocketmq-controller": ControllerControl}
+
+
+def control_plane(policy: Policy, members: tuple[int, ...], hooks=None) -> ControlPlane:
+    return CONTROL_CLASSES[policy.family](policy, members, hooks)
+
+
+# ==================================================================================== route model
+@dataclass
+class GroupTimeline:
+    """A group's control states after every change, keyed (SPEC §2.2 order): a step function."""
+
+    keys: np.ndarray  # int64, sorted; keys[0] = -1 (the initial state)
+    writable: np.ndarray  # bool
+    registered: np.ndarray  # bool
+    quorum: np.ndarray  # bool: a majority of members up and not isolated (DLedger)
+
+    def at(self, query: np.ndarray) -> np.ndarray:
+        """Index of the state in force at each query key (the last change at or before it)."""
+        return np.searchsorted(self.keys, query, side="right") - 1
+
+
+def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionEvents,
+                   duration_us: int) -> GroupTimeline:
+    """Run the control plane over the whole fault timeline and record its state after each event."""
+    cp = control_plane(policy, members)
+    q = majority(len(members))
+    rows = [(-1, cp.writable(), cp.registered, cp.alive_count() >= q)]
+    mine = np.isin(control.broker_id, np.array(members, dtype=np.int64))
+    ts, kinds, bs = control.broker_ts[mine], control.broker_kind[mine], control.broker_id[mine]
+    j = 0
+    end_key = key_of(duration_us, C_LAST)
+    while True:
+        tk = int(key_of(ts[j], kinds[j])) if j < len(ts) else INF
+        dk = cp.next_key()
+        k = min(tk, dk)
+        if k > end_key:
+            break
+        if tk <= dk:
+            cp.trace(int(ts[j]), Kind(int(kinds[j])), int(bs[j]))
+            j += 1
+        else:
+            cp.pop()
+        state = (cp.writable(), cp.registered, cp.alive_count() >= q)
+        if state != rows[-1][1:]:
+            if rows[-1][0] == k:
+                rows[-1] = (k, *state)
+            else:
+                rows.append((k, *state))
+    arr = list(zip(*rows))
+    return GroupTimeline(np.array(arr[0], dtype=np.int64), np.array(arr[1], dtype=bool),
+                         np.array(arr[2], dtype=bool), np.array(arr[3], dtype=bool))
+
+
+@dataclass
+class RouteModel:
+    groups: list[tuple[int, ...]]
+    timelines: list[GroupTimeline]
+    #: per group: sorted keys from which a majority is available, as half-open key intervals [start, end)
+    quorum_intervals: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+def route_model(policy: Policy, manifest: Manifest, control: PartitionEvents) -> RouteModel:
+    groups = group_members(policy, manifest)
+    control = control.sorted()
+    timelines = [group_timeline(policy, g, control, manifest.duration_us) for g in groups]
+    intervals = []
+    for tl in timelines:
+        change = np.flatnonzero(np.diff(np.concatenate([[False], tl.quorum, [False]]).astype(np.int8)))
+        bounds = np.append(tl.keys, INF)
+        starts, ends = bounds[change[0::2]], bounds[change[1::2]]
+        intervals.append((starts, ends))
+    return RouteModel(groups, timelines, intervals)
+
+
+def java_hash_mod(keys: list[str | None], count: np.ndarray) -> np.ndarray:
+    """SelectMessageQueueByHash: `abs(key.hashCode() % count)` with Java's truncated remainder (SPEC §3.3 rule 2).
+
+    Equal to abs(hashCode) % count for every hash but Integer.MIN_VALUE, where this form stays non-negative.
+    """
+    from replay.routing import java_string_hashcode
+
+    distinct = sorted({k for k in keys if k})
+    codes = dict(zip(distinct, java_string_hashcode(distinct).astype(np.int64).tolist()))
+    h = np.array([codes.get(k, 0) if k else 0 for k in keys], dtype=np.int64)
+    return np.abs(np.fmod(h, np.maximum(count, 1)))
+
+
+@dataclass
+class Routed:
+    unit: np.ndarray  # int32 group
+    partition: np.ndarray  # int32 queue, -1 when the send failed in routing (no_route)
+    delay_us: np.ndarray  # int64 time from the produce to the arrival at `unit`
+
+
+def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_rank: np.ndarray,
+                   keys: list[str | None]) -> Routed:
+    """SPEC §3.3 rules 1-3 (and §3.4 rules 1-2) for a batch of produce events, vectorized over messages."""
+    n = len(ts_us)
+    ts = np.asarray(ts_us, dtype=np.int64)
+    rank = np.asarray(msg_rank, dtype=np.int64)
+    qpg = policy.queues_per_group
+    n_groups = len(model.groups)
+    r_us = policy.route_refresh_ms * MS
+    # Rule 1: the route of a send is the last poll strictly before it; the poll at 0 holds every group (C4).
+    poll = np.maximum(0, -(-ts // r_us) - 1) * r_us
+    in_route = np.ones((n, n_groups), dtype=bool)
+    later = poll > 0
+    for g, tl in enumerate(model.timelines):
+        in_route[later, g] = tl.registered[tl.at(key_of(poll[later], C_LAST))]
+    count = in_route.sum(axis=1) * qpg
+    ordered_keyed = np.zeros(n, dtype=bool)
+    if isinstance(policy, RocketMQPolicy) and policy.ordered:
+        ordered_keyed = np.array([bool(k) for k in keys], dtype=bool)
+    # Rule 2: round robin by msg_id order; ordered keyed sends by Java hashCode.
+    idx = rank % np.maximum(count, 1)
+    if ordered_keyed.any():
+        sel = np.flatnonzero(ordered_keyed)
+        idx[sel] = java_hash_mod([keys[i] for i in sel], count[sel])
+    cum = np.cumsum(in_route, axis=1)
+
+    def group_at(i: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Group of route position i (a queue index) in each row's route."""
+        return np.argmax(cum[rows] > (i // qpg)[:, None], axis=1)
+
+    rows = np.arange(n)
+    no_groups = count == 0
+    first_group = np.where(no_groups, (rank % (n_groups * qpg)) // qpg, 0)
+    ok_rows = rows[~no_groups]
+    first_group[ok_rows] = group_at(idx[ok_rows], ok_rows)
+    unit = first_group.copy()
+    part = np.full(n, -1, dtype=np.int64)
+    delay = np.zeros(n, dtype=np.int64)
+    # Rule 3: attempts, all at once unless a DLedger group cannot commit (C2).
+    active = ok_rows
+    cur_idx = idx.copy()
+    at_us = ts.copy()
+    code = np.full(n, int(Kind.PRODUCE), dtype=np.int64)
+    attempts_left = np.full(n, policy.retry_times_when_send_failed, dtype=np.int64)
+    deadline = ts + policy.delivery_timeout_ms * MS
+    dledger = isinstance(policy, DLedgerPolicy)
+    wait_us = policy.max_wait_ack_ms * MS if dledger else 0
+    while len(active):
+        g = group_at(cur_idx[active], active)
+        k = key_of(at_us[active], code[active])
+        writable = np.zeros(len(active), dtype=bool)
+        commit_ok = np.ones(len(active), dtype=bool)
+        for gi, tl in enumerate(model.timelines):
+            sel = g == gi
+            if not sel.any():
+                continue
+            writable[sel] = tl.writable[tl.at(k[sel])]
+            if dledger:
+                starts, ends = model.quorum_intervals[gi]
+                last_k = key_of(at_us[active][sel] + wait_us, int(Kind.REPLICATE))
+                j = np.searchsorted(ends, k[sel], side="right")  # first interval ending after k
+                okj = j < len(starts)
+                commit_ok[sel] = okj & (starts[np.minimum(j, max(len(starts) - 1, 0))] <= last_k) if len(starts) \
+                    else False
+        taken = writable & commit_ok
+        rows_taken = active[taken]
+        unit[rows_taken] = g[taken]
+        part[rows_taken] = g[taken] * qpg + cur_idx[rows_taken] % qpg
+        delay[rows_taken] = at_us[rows_taken] - ts[rows_taken]
+        failed = ~taken
+        no_retry = ordered_keyed[active] & failed
+        # a DLedger attempt without quorum fails max_wait_ack later; the retry needs time left (C2, C5)
+        next_at = at_us[active] + np.where(writable, wait_us, 0)
+        can_retry = failed & ~no_retry & (attempts_left[active] > 0) & (next_at < deadline[active])
+        last_try = failed & ~can_retry & writable  # writable but cannot commit, no retry left: it ends here
+        rows_last = active[last_try]
+        unit[rows_last] = g[last_try]
+        part[rows_last] = g[last_try] * qpg + cur_idx[rows_last] % qpg
+        delay[rows_last] = at_us[rows_last] - ts[rows_last]
+        nxt = active[can_retry]
+        if len(nxt):
+            cur_idx[nxt] = _next_queue(cur_idx[nxt], g[can_retry], cum[nxt], in_route[nxt], count[nxt], qpg)
+            code[nxt] = np.where(writable[can_retry], C_ARRIVE, code[nxt])
+            at_us[nxt] = next_at[can_retry]
+            attempts_left[nxt] -= 1
+        active = nxt
+    return Routed(unit.astype(np.int32), part.astype(np.int32), delay)
+
+
+def _next_queue(idx: np.ndarray, group: np.ndarray, cum: np.ndarray, in_route: np.ndarray, count: np.ndarray,
+                qpg: int) -> np.ndarray:
+    """The next queue in route order whose group differs from `group`; the next queue if none does (C5)."""
+    pos = cum[np.arange(len(idx)), group] - 1  # route position of the failed group
+    n_route = count // qpg
+    other = n_route > 1
+    nxt_pos = np.where(other, pos + 1, pos) % np.maximum(n_route, 1)
+    out = (idx + 1) % np.maximum(count, 1)
+    out[other] = nxt_pos[other] * qpg
+    return out
