@@ -167,17 +167,28 @@ def _summary_window_expectations() -> list[Any]:
 
 
 def message_coverage(message_outcomes, produced_msg_ids, run_ids: Sequence[str]):
-    """Rows (run_id, msg_id, problem) for messages without an outcome, or outcomes of unknown messages."""
+    """Rows (run_id, msg_id, problem) for a produced message without an outcome in a run, or an outcome of a
+    message the trace does not produce.
+
+    One aggregation of the outcomes by msg_id (a message is covered when all runs have it; duplicates within
+    a run are the uniqueness expectation's business), then only the offending msg_ids (normally none) are
+    looked up again to name the runs.
+    """
     from pyspark.sql import functions as F
 
-    spark = message_outcomes.sparkSession
-    runs = spark.createDataFrame([(r,) for r in run_ids], "run_id STRING")
-    expected = runs.crossJoin(produced_msg_ids.select("msg_id").distinct()).withColumn("_e", F.lit(True))
-    got = message_outcomes.select("run_id", "msg_id").distinct().withColumn("_g", F.lit(True))
-    joined = expected.join(got, ["run_id", "msg_id"], "full_outer")
-    return joined.where(F.col("_e").isNull() | F.col("_g").isNull()).select(
-        "run_id", "msg_id",
-        F.when(F.col("_g").isNull(), F.lit("produced message without an outcome"))
+    runs = F.array(*[F.lit(r) for r in run_ids])
+    counts = message_outcomes.groupBy("msg_id").agg(F.count(F.lit(1)).alias("_n"))
+    produced = produced_msg_ids.select("msg_id").distinct().withColumn("_produced", F.lit(True))
+    offending = (produced.join(counts, "msg_id", "full_outer")
+                 .where(F.col("_produced").isNull() | F.col("_n").isNull() | (F.col("_n") < len(run_ids)))
+                 .select("msg_id", F.coalesce("_produced", F.lit(False)).alias("_produced")))
+    # No broadcast hint: offending is normally empty and AQE then broadcasts it, but it may be large.
+    present = (offending.join(message_outcomes.select("run_id", "msg_id"), "msg_id", "left")
+               .groupBy("msg_id", "_produced").agg(F.collect_set("run_id").alias("_present")))
+    return present.select(
+        F.explode(F.when(F.col("_produced"), F.array_except(runs, F.col("_present"))).otherwise(F.col("_present")))
+        .alias("run_id"), "msg_id",
+        F.when(F.col("_produced"), F.lit("produced message without an outcome in this run"))
         .otherwise(F.lit("outcome of a message the trace does not produce")).alias("problem"))
 
 
