@@ -33,6 +33,9 @@ C4 NameServer (SPEC §3.3 rule 1): the group's registered master (leader) is dro
    registers at its election. Producer polls every route_refresh_ms from time 0 see the state after every event
    of their instant; the route used by a send at t is the last poll strictly before t (the poll at 0 holds
    every group), because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
+C8 A producer whose route holds no queue asks the NameServer again at every send (RocketMQ's
+   `tryToFindTopicPublishInfo` refreshes while `TopicPublishInfo.ok()` is false), so such a send uses the groups
+   registered at its own instant (after that instant's trace events) instead of an empty route.
 C5 Queue choice on failover (SPEC §3.3 rule 3): the next queue in route order whose group differs from the
    failed one; with a single group in the route, the next queue (RocketMQ's fallback selector), so a DLedger
    retry may return to the same group. The route of a send is fixed at its first attempt (RocketMQ fetches
@@ -546,6 +549,10 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     later = poll > 0
     for g, tl in enumerate(model.timelines):
         in_route[later, g] = tl.registered[tl.at(key_of(poll[later], C_LAST))]
+    empty = ~in_route.any(axis=1)
+    if empty.any():  # C8: an empty route is fetched again at the send
+        for g, tl in enumerate(model.timelines):
+            in_route[empty, g] = tl.registered[tl.at(key_of(ts[empty], int(Kind.PRODUCE)))]
     count = in_route.sum(axis=1) * qpg
     ordered_keyed = np.zeros(n, dtype=bool)
     if isinstance(policy, RocketMQPolicy) and policy.ordered:
