@@ -544,16 +544,26 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     n_groups = len(model.groups)
     r_us = policy.route_refresh_ms * MS
     # Rule 1: the route of a send is the last poll strictly before it; the poll at 0 holds every group (C4).
+    # Routes are few (one per poll): work on route ids, with per-route tables of groups and positions.
     poll = np.maximum(0, -(-ts // r_us) - 1) * r_us
-    in_route = np.ones((n, n_groups), dtype=bool)
-    later = poll > 0
+    polls, rid = np.unique(poll, return_inverse=True)
+    masks = np.ones((len(polls), n_groups), dtype=bool)
+    later = polls > 0
     for g, tl in enumerate(model.timelines):
-        in_route[later, g] = tl.registered[tl.at(key_of(poll[later], C_LAST))]
-    empty = ~in_route.any(axis=1)
+        masks[later, g] = tl.registered[tl.at(key_of(polls[later], C_LAST))]
+    empty = ~masks.any(axis=1)[rid]
     if empty.any():  # C8: an empty route is fetched again at the send
+        fresh = np.zeros((int(empty.sum()), n_groups), dtype=bool)
         for g, tl in enumerate(model.timelines):
-            in_route[empty, g] = tl.registered[tl.at(key_of(ts[empty], int(Kind.PRODUCE)))]
-    count = in_route.sum(axis=1) * qpg
+            fresh[:, g] = tl.registered[tl.at(key_of(ts[empty], int(Kind.PRODUCE)))]
+        extra, inv = np.unique(fresh, axis=0, return_inverse=True)
+        rid[empty] = len(masks) + inv.reshape(-1)
+        masks = np.concatenate([masks, extra])
+    route_pos = np.cumsum(masks, axis=1) - 1  # route position of each group (valid where masks)
+    group_table = np.zeros((len(masks), max(n_groups, 1)), dtype=np.int64)
+    r_i, g_i = np.nonzero(masks)
+    group_table[r_i, route_pos[r_i, g_i]] = g_i
+    count = masks.sum(axis=1)[rid] * qpg
     ordered_keyed = np.zeros(n, dtype=bool)
     if isinstance(policy, RocketMQPolicy) and policy.ordered:
         ordered_keyed = np.array([bool(k) for k in keys], dtype=bool)
@@ -562,11 +572,10 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     if ordered_keyed.any():
         sel = np.flatnonzero(ordered_keyed)
         idx[sel] = java_hash_mod([keys[i] for i in sel], count[sel])
-    cum = np.cumsum(in_route, axis=1)
 
     def group_at(i: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Group of route position i (a queue index) in each row's route."""
-        return np.argmax(cum[rows] > (i // qpg)[:, None], axis=1)
+        return group_table[rid[rows], i // qpg]
 
     rows = np.arange(n)
     no_groups = count == 0
@@ -619,7 +628,7 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         delay[rows_last] = at_us[rows_last] - ts[rows_last]
         nxt = active[can_retry]
         if len(nxt):
-            cur_idx[nxt] = _next_queue(cur_idx[nxt], g[can_retry], cum[nxt], in_route[nxt], count[nxt], qpg)
+            cur_idx[nxt] = _next_queue(cur_idx[nxt], route_pos[rid[nxt], g[can_retry]], count[nxt], qpg)
             code[nxt] = np.where(writable[can_retry], C_ARRIVE, code[nxt])
             at_us[nxt] = next_at[can_retry]
             attempts_left[nxt] -= 1
@@ -627,10 +636,9 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     return Routed(unit.astype(np.int32), part.astype(np.int32), delay)
 
 
-def _next_queue(idx: np.ndarray, group: np.ndarray, cum: np.ndarray, in_route: np.ndarray, count: np.ndarray,
-                qpg: int) -> np.ndarray:
-    """The next queue in route order whose group differs from `group`; the next queue if none does (C5)."""
-    pos = cum[np.arange(len(idx)), group] - 1  # route position of the failed group
+def _next_queue(idx: np.ndarray, pos: np.ndarray, count: np.ndarray, qpg: int) -> np.ndarray:
+    """The next queue in route order whose group differs from the failed one (at route position `pos`); the next
+    queue if none does (C5)."""
     n_route = count // qpg
     other = n_route > 1
     nxt_pos = np.where(other, pos + 1, pos) % np.maximum(n_route, 1)

@@ -137,39 +137,46 @@ class FlushState:
 
     def materialize(self, t: int) -> None:
         """Apply every flush that happens before instant t (a tick at t comes after t's events)."""
-        if self.mode == "sync":
+        if self.mode == "sync" or (len(self.h_t) == 0 and self.base_bytes == self.flushed_bytes):
             return
+        h_t, h_len, h_bytes = self.h_t.view, self.h_len.view, self.h_bytes.view
         if self.mode in ("interval", "os"):
             if self.mode == "interval":
                 bound = ((t - 1) // self.interval) * self.interval  # writes up to the last tick before t
             else:
                 period, expire = OS_WRITEBACK_PERIOD_MS * MS, OS_WRITEBACK_EXPIRE_MS * MS
                 bound = ((t - 1) // period) * period - expire
-            j = int(np.searchsorted(self.h_t.view, bound, side="right"))
+            j = int(np.searchsorted(h_t, bound, side="right"))
             if j > 0:
                 self._fold(j)
                 self.flushed, self.flushed_bytes = self.base_len, self.base_bytes
             return
         interval, thorough = self.interval, self.thorough
+        j = 0  # history entries [0, j) are folded into the base
+        base_len, base_bytes = self.base_len, self.base_bytes
         while True:
-            if self.base_bytes - self.flushed_bytes >= self.least:
+            if base_bytes - self.flushed_bytes >= self.least:
                 t_bytes = self.flush_t + interval
             else:
-                j = int(np.searchsorted(self.h_bytes.view, self.flushed_bytes + self.least, side="left"))
-                t_bytes = INF if j >= len(self.h_t) else max(-(-int(self.h_t.view[j]) // interval) * interval,
-                                                              self.flush_t + interval)
+                jb = j + int(np.searchsorted(h_bytes[j:], self.flushed_bytes + self.least, side="left"))
+                t_bytes = INF if jb >= len(h_t) else max(-(-int(h_t[jb]) // interval) * interval,
+                                                          self.flush_t + interval)
             k = self.flush_t // thorough + 1
-            t_thorough = -(-(k * thorough) // interval) * interval
-            tick = min(t_bytes, t_thorough)
+            tick = min(t_bytes, -(-(k * thorough) // interval) * interval)
             if tick >= t:
                 last = ((t - 1) // interval) * interval
                 if last > self.flush_t:
-                    self._fold(int(np.searchsorted(self.h_t.view, last, side="right")))
+                    j = j + int(np.searchsorted(h_t[j:], last, side="right"))
                     self.flush_t = last
-                return
-            self._fold(int(np.searchsorted(self.h_t.view, tick, side="right")))
-            self.flushed, self.flushed_bytes = self.base_len, self.base_bytes
+                break
+            j = j + int(np.searchsorted(h_t[j:], tick, side="right"))
+            if j > 0:
+                base_len, base_bytes = int(h_len[j - 1]), int(h_bytes[j - 1])
+            self.flushed, self.flushed_bytes = base_len, base_bytes
             self.flush_t = tick
+        self.base_len, self.base_bytes = base_len, base_bytes
+        if j > 0:
+            self._fold(j)
 
     def durable(self, t: int) -> int:
         self.materialize(t)
