@@ -56,16 +56,16 @@ class RocketMQGroupFamily:
         return range(unit * q, (unit + 1) * q)
 
     def routing_key(self, policy: Policy) -> Hashable:
-        # Every routing input is a parameter: policies equal on these route every message identically.
-        fields = ["queues_per_group", "route_refresh_ms", "retry_times_when_send_failed", "delivery_timeout_ms",
-                  "client_failover_ms"]
+        # Exactly the parameters routing reads: policies equal on these route every message identically.
+        common = ["queues_per_group", "route_refresh_ms", "retry_times_when_send_failed"]
         extra = {
             "rocketmq": ["groups", "slaves_per_master", "ordered"],
-            "rocketmq-controller": ["groups", "slaves_per_master", "controller_heartbeat_timeout_ms",
-                                    "controller_scan_ms"],
-            "dledger": ["group_size", "heartbeat_ms", "max_heartbeat_leak", "vote_delay_ms", "max_wait_ack_ms"],
+            "rocketmq-controller": ["groups", "slaves_per_master", "client_failover_ms",
+                                    "controller_heartbeat_timeout_ms", "controller_scan_ms"],
+            "dledger": ["group_size", "client_failover_ms", "delivery_timeout_ms", "heartbeat_ms",
+                        "max_heartbeat_leak", "vote_delay_ms", "max_wait_ack_ms"],
         }[policy.family]
-        return (policy.family, *((f, getattr(policy, f)) for f in fields + extra))
+        return (policy.family, *((f, getattr(policy, f)) for f in common + extra))
 
     def model(self, policy: Policy, manifest: Manifest, control: PartitionEvents) -> RouteModel:
         digest = hashlib.sha256()

@@ -300,11 +300,7 @@ class GroupReplay:
         rep = bk == C_REPLICATE
         # produce events: failed routing settles at once, delayed arrivals are scheduled, the rest stream
         payload = getattr(ev, "payload", None) or {}
-        if self.payload_keys is None:
-            self.payload_keys = tuple(sorted(payload))
-            for k in self.payload_keys:
-                self.pend.dtypes[k] = np.int64
-                self.pend.cols[k] = np.zeros(0, dtype=np.int64)
+        self._add_payload_keys(payload)
         part = payload.get("part", np.zeros(len(ev.produce_ts), dtype=np.int64))
         delay = payload.get("delay", np.zeros(len(ev.produce_ts), dtype=np.int64))
         unrouted = part < 0
@@ -367,7 +363,11 @@ class GroupReplay:
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
         view = FinalView(None if final is None else _runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
-        records = MessageRecords.concat([*self.done, self._records(np.ones(self.pend.n, dtype=bool))])
+        parts = [*self.done, self._records(np.ones(self.pend.n, dtype=bool))]
+        for part in parts:  # every part carries every payload key
+            part.payload = {k: part.payload.get(k, np.full(len(part), -1, dtype=np.int64))
+                            for k in self.payload_keys or ()}
+        records = MessageRecords.concat(parts)
         records = records.sorted_by_msg_id()
         result = PartitionResult(self.unit, judge(records, view), self.rows_out, merge_intervals(self.unavail),
                                  replication_bytes)
@@ -375,6 +375,16 @@ class GroupReplay:
         return result
 
     # ================================================================================= messages
+    def _add_payload_keys(self, payload: dict) -> None:
+        """Columns carried to the outputs untouched; a key first seen in a later chunk is -1 before it."""
+        new = sorted(set(payload) - set(self.payload_keys or ()))
+        if self.payload_keys is not None and not new:
+            return
+        self.payload_keys = tuple(self.payload_keys or ()) + tuple(new)
+        for k in new:
+            self.pend.dtypes[k] = np.int64
+            self.pend.cols[k] = np.full(len(self.pend.cols["msg"]), -1, dtype=np.int64)
+
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
         k = len(msg)
         cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
