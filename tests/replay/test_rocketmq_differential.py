@@ -99,3 +99,49 @@ def test_kernel_matches_reference_many(family):
         check_chunks(*case, cuts)
 
     run()
+
+
+# --------------------------------------------------------------------------- mid-size generated traces
+# Thousands of messages per group: the kernels' compaction of settled messages and the folding of flush history
+# only start above a few thousand rows, which the small random traces above never reach.
+LIBRARY_CASES = [
+    ("r4-dledger-leader-crash", 0.2, ("dledger-3", "dledger-5", "dledger:group_size=3,max_wait_ack_ms=300")),
+    ("r6-controller-mode-failover", 0.2, ("rocketmq-controller", "rocketmq-controller-allack")),
+    ("rack-power-loss", 0.1, ("rocketmq-async", "rocketmq-sync", "rocketmq-ordered",
+                              "rocketmq:reconcile=union,flush_least_bytes=4096")),
+]
+SLOW_LIBRARY_CASES = [
+    (name, 0.1, ("rocketmq-async", "rocketmq-sync-syncflush", "rocketmq5-sync-default", "dledger-3",
+                 "rocketmq-controller", "rocketmq-controller-allack",
+                 "rocketmq-controller:enable_elect_unclean_master=true"))
+    for name in ("rolling-restart", "flaky-network", "slow-disk", "full-cluster-power-loss", "rack-power-loss")
+]
+
+
+def _library_case(name: str, scale: float, policy_text: str) -> None:
+    from bench.dledger_vs_kafka import load_trace
+    from replay.policies import parse_policy
+
+    manifest, table = load_trace(name, 1, scale)
+    policy = parse_policy(policy_text)
+    ref = replay_local(policy, manifest, table, engine="reference")
+    ker = replay_local(policy, manifest, table, engine="kernel")
+    chunked = replay_local(policy, manifest, table, engine="kernel", chunks=list(range(
+        3_000_000, manifest.duration_us, 3_000_000)))
+    assert sum(len(r.messages.records) for r in ref) > 4096
+    for r, k, c in zip(ref, ker, chunked):
+        assert outcome_rows(k) == outcome_rows(r), (name, policy_text)
+        assert k.states == coalesce_states(r.states, WINDOW_US), (name, policy_text)
+        assert k.unavailable == r.unavailable and k.replication_bytes == r.replication_bytes
+        assert outcome_rows(c) == outcome_rows(k) and c.states == k.states and c.unavailable == k.unavailable
+
+
+@pytest.mark.parametrize(("name", "scale", "policy"), [(n, s, p) for n, s, ps in LIBRARY_CASES for p in ps])
+def test_library_traces_kernel_matches_reference(name, scale, policy):
+    _library_case(name, scale, policy)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "scale", "policy"), [(n, s, p) for n, s, ps in SLOW_LIBRARY_CASES for p in ps])
+def test_library_traces_kernel_matches_reference_slow(name, scale, policy):
+    _library_case(name, scale, policy)
