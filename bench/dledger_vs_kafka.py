@@ -65,7 +65,7 @@ def figures(policy_text: str, manifest, table) -> Figures:
     results = replay_local(policy, manifest, table, engine="kernel")
     fam = family_of(policy)
     layout = fam.layout(policy, manifest)
-    partitions = fam.partition_count(policy, layout) if hasattr(fam, "partition_count") else policy.partitions
+    partitions = fam.partition_count(policy, layout)
     per_unit = partitions // len(layout.units)  # queues a RocketMQ group's outage stands for (1 for Kafka)
     status = np.concatenate([r.messages.records.status for r in results])
     error = np.concatenate([r.messages.records.error for r in results])

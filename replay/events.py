@@ -25,6 +25,9 @@ class PartitionEvents:
     broker_kind: np.ndarray  # int8, schemas.trace.Kind
     broker_id: np.ndarray  # int64
     broker_upto: np.ndarray  # int64 (replicate only; 0 otherwise)
+    #: Per-produce values the replay carries to its outputs untouched (e.g. producer id, reported partition,
+    #: key id); aligned with produce_ts.
+    payload: dict[str, np.ndarray] | None = None
 
     @classmethod
     def empty(cls) -> PartitionEvents:
@@ -47,16 +50,18 @@ class PartitionEvents:
     def sorted(self) -> PartitionEvents:
         p = np.lexsort((self.produce_msg, self.produce_ts))
         b = np.lexsort((self.broker_id, self.broker_kind, self.broker_ts))
+        payload = None if self.payload is None else {k: v[p] for k, v in self.payload.items()}
         return PartitionEvents(self.produce_ts[p], self.produce_msg[p], self.produce_size[p], self.broker_ts[b],
-                               self.broker_kind[b], self.broker_id[b], self.broker_upto[b])
+                               self.broker_kind[b], self.broker_id[b], self.broker_upto[b], payload)
 
     def slice_time(self, start_us: int, end_us: int) -> PartitionEvents:
         """Events with start_us <= ts_us < end_us (a time chunk)."""
         pa_, pb = np.searchsorted(self.produce_ts, [start_us, end_us], side="left")
         ba, bb = np.searchsorted(self.broker_ts, [start_us, end_us], side="left")
+        payload = None if self.payload is None else {k: v[pa_:pb] for k, v in self.payload.items()}
         return PartitionEvents(self.produce_ts[pa_:pb], self.produce_msg[pa_:pb], self.produce_size[pa_:pb],
                                self.broker_ts[ba:bb], self.broker_kind[ba:bb], self.broker_id[ba:bb],
-                               self.broker_upto[ba:bb])
+                               self.broker_upto[ba:bb], payload)
 
 
 def split_trace_table(table: pa.Table) -> tuple[dict[str, np.ndarray], PartitionEvents]:

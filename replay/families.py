@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from replay.events import PartitionEvents
 from replay.policies import KafkaPolicy, Policy
@@ -37,13 +38,23 @@ class RouteInput:
 
     ts_us: np.ndarray  # int64
     msg_rank: np.ndarray  # int64: index of the message in msg_id order over the whole trace
-    keys: list[str | None]
+    keys: list[str | None] | pa.Array  # message keys; None or "" = no key
+
+    def keys_arrow(self) -> pa.Array:
+        return self.keys if isinstance(self.keys, pa.Array | pa.ChunkedArray) else pa.array(self.keys, pa.string())
+
+    def keys_list(self) -> list[str | None]:
+        return self.keys.to_pylist() if isinstance(self.keys, pa.Array | pa.ChunkedArray) else list(self.keys)
 
 
 @dataclass
 class RouteOutput:
     unit: np.ndarray  # int32: the replay unit (group key of the shuffle)
-    partition: np.ndarray  # int32: the partition or queue reported in message_outcomes
+    partition: np.ndarray  # int32: the partition or queue reported in message_outcomes; -1 = routing failed
+    #: int64 µs from the produce to the message's arrival at `unit` (RocketMQ families: a DLedger retry at another
+    #: group after max_wait_ack_ms); None = 0 for every message. Engines read it as the produce payload "delay",
+    #: and `partition` as payload "part" (a unit's engine emits the outcome of a send that failed in routing).
+    delay_us: np.ndarray | None = None
 
 
 class Family(Protocol):
@@ -52,6 +63,18 @@ class Family(Protocol):
     def layout(self, policy: Policy, manifest: Manifest) -> Layout: ...
 
     def routing_key(self, policy: Policy) -> Hashable: ...
+
+    def partition_count(self, policy: Policy, layout: Layout) -> int:
+        """Partitions (Kafka) or queues (RocketMQ) of the topic, numbered 0 … count−1 in the outputs."""
+        ...
+
+    def partitions_of(self, policy: Policy, layout: Layout, unit: int) -> range:
+        """The partitions a unit's timeline and unavailability apply to (a RocketMQ group: all its queues)."""
+        ...
+
+    def min_insync_replicas(self, policy: Policy) -> int | None:
+        """The effective minimum in-sync size (committed_offsets.under_min_isr); None if the family has none."""
+        ...
 
     def route(self, policy: Policy, manifest: Manifest, layout: Layout, control: PartitionEvents,
               produce: RouteInput) -> RouteOutput: ...
@@ -77,9 +100,18 @@ class KafkaFamily:
     def routing_key(self, policy: KafkaPolicy) -> Hashable:
         return ("kafka", policy.partitions)
 
+    def partition_count(self, policy: KafkaPolicy, layout: Layout) -> int:
+        return policy.partitions
+
+    def partitions_of(self, policy: KafkaPolicy, layout: Layout, unit: int) -> range:
+        return range(unit, unit + 1)
+
+    def min_insync_replicas(self, policy: KafkaPolicy) -> int | None:
+        return policy.effective_min_isr
+
     def route(self, policy: KafkaPolicy, manifest: Manifest, layout: Layout, control: PartitionEvents,
               produce: RouteInput) -> RouteOutput:
-        part = kafka_route(produce.keys, produce.msg_rank, policy.partitions)
+        part = kafka_route(produce.keys_arrow(), produce.msg_rank, policy.partitions)
         return RouteOutput(part, part)
 
     def reference(self, policy: KafkaPolicy, unit: int, replicas: tuple[int, ...], events: PartitionEvents,

@@ -38,14 +38,17 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
     fam = family_of(policy)
     layout = fam.layout(policy, manifest)
     produce, broker_events = split_trace_table(table)
+    keys = pa.array(list(produce["key"]), pa.string())
     routed = fam.route(policy, manifest, layout, control_events(broker_events),
-                       RouteInput(produce["ts_us"], msg_rank(produce["msg_id"]), list(produce["key"])))
+                       RouteInput(produce["ts_us"], msg_rank(produce["msg_id"]), keys))
     out = {}
+    delay = routed.delay_us if routed.delay_us is not None else np.zeros(len(routed.unit), dtype=np.int64)
     for u in layout.units:
         sel = routed.unit == u
+        payload = {"part": routed.partition[sel].astype(np.int64), "delay": delay[sel].astype(np.int64)}
         out[u] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
                                  broker_events.broker_ts, broker_events.broker_kind, broker_events.broker_id,
-                                 broker_events.broker_upto).sorted()
+                                 broker_events.broker_upto, payload).sorted()
     return out, {"layout": layout, "partition_of": dict(zip(produce["msg_id"].tolist(), routed.partition.tolist()))}
 
 

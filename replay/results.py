@@ -37,6 +37,8 @@ class MessageRecords:
     pos_offset: np.ndarray  # int64, offset of the latest append, -1 if never appended
     #: Earlier appends of retried messages (rare): rows of (msg_id, epoch, offset).
     extra_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
+    #: Values carried from the produce events to the outputs (PartitionEvents.payload), aligned with msg_id.
+    payload: dict[str, np.ndarray] | None = None
 
     @classmethod
     def empty(cls) -> MessageRecords:
@@ -55,6 +57,8 @@ class MessageRecords:
         names = ("msg_id", "produce_us", "status", "error", "ack_us", "visible_us", "pos_epoch", "pos_offset")
         out = cls(*(np.concatenate([getattr(p, n) for p in parts]) for n in names))
         out.extra_positions = np.concatenate([p.extra_positions for p in parts])
+        if all(p.payload is not None for p in parts):
+            out.payload = {k: np.concatenate([p.payload[k] for p in parts]) for k in parts[0].payload}
         return out
 
     def sorted_by_msg_id(self) -> MessageRecords:
@@ -62,6 +66,7 @@ class MessageRecords:
         names = ("msg_id", "produce_us", "status", "error", "ack_us", "visible_us", "pos_epoch", "pos_offset")
         out = MessageRecords(*(getattr(self, n)[order] for n in names))
         out.extra_positions = self.extra_positions
+        out.payload = None if self.payload is None else {k: v[order] for k, v in self.payload.items()}
         return out
 
 

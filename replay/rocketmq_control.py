@@ -54,9 +54,11 @@ C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable 
    first; an isolation healed before then changes nothing.
    Clients reach a new master client_failover_ms after its election, except that clients of an isolated old
    master (a "zombie", which still takes writes, SPEC §3.3 rule 3) keep writing to it until their next route
-   poll, its heal or its stop (then client_failover_ms later). A group without an eligible member elects
-   whenever one comes back. The kernel adds one data-dependent case the router cannot see: no SyncStateSet
-   member is eligible (and no unclean election); that group takes no writes (`no_leader`) until one is.
+   poll, its heal or its stop (then client_failover_ms later), whatever elections happen meanwhile. A master
+   that restarted while isolated serves nothing until its new incarnation registers. A group without an
+   eligible member elects whenever one comes back. The kernel adds one data-dependent case the router cannot
+   see: no SyncStateSet member is eligible (and no unclean election); that group takes no writes (`no_leader`)
+   until one is.
 """
 
 from __future__ import annotations
@@ -360,7 +362,8 @@ class ControllerControl(ControlPlane):
 
     def writable(self) -> bool:
         tgt = self.target
-        return tgt is not None and self.up[tgt]
+        # a master that restarted while isolated serves nothing until its new incarnation registers (C7)
+        return tgt is not None and self.up[tgt] and not (tgt == self.leader and self.reincarnated)
 
     def _scan_deadline(self, t: int) -> int:
         scan = self.p.controller_scan_ms * MS
@@ -408,7 +411,6 @@ class ControllerControl(ControlPlane):
             self._elect(t)
 
     def _elect(self, t: int) -> None:
-        old = self.leader
         self.reincarnated = False
         eligible = [b for b in self.members if self.alive(b)]
         if not eligible:
@@ -420,7 +422,8 @@ class ControllerControl(ControlPlane):
         self.leader = new
         self.epoch += 1
         self._register_leader(new)
-        zombie = old is not None and old == self.target and self.up[old] and self.iso[old]
+        tgt = self.target  # clients on an isolated broker (the replaced master, or an earlier zombie) stay
+        zombie = tgt is not None and tgt != new and self.up[tgt] and self.iso[tgt]
         if self.hooks is not None:
             self.hooks.on_elect(t, new, tuple(eligible))
         if zombie:

@@ -50,10 +50,14 @@ class RocketMQGroupFamily:
         """Queues of the topic: groups × queues_per_group (SPEC §3.1), numbered group-major."""
         return len(layout.units) * policy.queues_per_group
 
-    def queues_of(self, policy: Policy, unit: int) -> range:
+    def partitions_of(self, policy: Policy, layout: Layout, unit: int) -> range:
         """The queues a group's timeline and unavailability apply to."""
         q = policy.queues_per_group
         return range(unit * q, (unit + 1) * q)
+
+    def min_insync_replicas(self, policy: Policy) -> int | None:
+        # Only controller mode refuses below a minimum (SPEC §3.5); classic and DLedger groups have none.
+        return policy.min_insync_replicas if policy.family == "rocketmq-controller" else None
 
     def routing_key(self, policy: Policy) -> Hashable:
         # Exactly the parameters routing reads: policies equal on these route every message identically.

@@ -6,6 +6,7 @@ Pure functions over arrays (vectorized: one pass per 4-byte block of the longest
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from replay.policies import Assignment
 from schemas.errors import BadInput
@@ -59,17 +60,27 @@ def kafka_partition_for_keys(keys: list[str | None], partitions: int) -> np.ndar
     return ((murmur2(keys).view(np.uint32) & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32)
 
 
-def kafka_route(keys: list[str | None], msg_rank: np.ndarray, partitions: int) -> np.ndarray:
+def kafka_route(keys: pa.Array | pa.ChunkedArray, msg_rank: np.ndarray, partitions: int) -> np.ndarray:
     """Partition of each message: keyed by murmur2; unkeyed round-robin by msg_id order (SPEC §3.2 rule 1).
 
     `msg_rank` is the message's index in msg_id order over the whole trace; unkeyed message i goes to
-    partition i mod partitions (replab's documented stand-in for the sticky partitioner).
+    partition i mod partitions (replab's documented stand-in for the sticky partitioner). Keys are hashed once
+    per distinct value.
     """
-    keyed = np.array([k is not None and k != "" for k in keys], dtype=bool)
     out = (np.asarray(msg_rank, dtype=np.int64) % partitions).astype(np.int32)
-    if keyed.any():
-        idx = np.flatnonzero(keyed)
-        out[idx] = kafka_partition_for_keys([keys[i] for i in idx], partitions)
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if len(keys) == 0 or keys.null_count == len(keys):
+        return out
+    encoded = keys.dictionary_encode()
+    distinct = encoded.dictionary.to_pylist()
+    by_key = kafka_partition_for_keys(distinct, partitions)
+    idx = encoded.indices.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(encoded.indices.is_null().to_numpy(zero_copy_only=False))
+    nonempty = np.array([k != "" for k in distinct], dtype=bool)
+    keyed = valid.copy()
+    keyed[valid] = nonempty[idx[valid].astype(np.int64)]
+    out[keyed] = by_key[idx[keyed].astype(np.int64)]
     return out
 
 

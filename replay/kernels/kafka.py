@@ -44,7 +44,10 @@ WAITING, REFUSED, APPENDED, ACKED, FAILED = range(5)
 _PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
     "anchor": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64, "vis": np.int64,
+    # carried untouched to the outputs (PartitionEvents.payload)
+    "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
+PAYLOAD = ("pid", "part", "keyid")
 
 
 def _key(ts, code):
@@ -162,7 +165,16 @@ class KafkaPartitionReplay:
         self.s_upto = np.where(is_rep, bu[rep][ridx] if nrep else 0, 0)
         self.s_msg = np.where(is_rep, -1, ev.produce_msg[pidx] if len(ev.produce_msg) else 0)
         self.s_size = np.where(is_rep, 0, ev.produce_size[pidx] if len(ev.produce_size) else 0)
+        self.s_payload = {}
+        for name in PAYLOAD:
+            col = (ev.payload or {}).get(name)
+            self.s_payload[name] = np.where(is_rep, -1, col[pidx] if col is not None and len(col) else -1)
         self.s_pos = 0
+        # a sentinel at the end keeps index arithmetic valid when a chunk has no stream events
+        self.s_key = np.append(self.s_key, INF)
+        for name in ("s_code", "s_broker", "s_upto", "s_msg", "s_size"):
+            setattr(self, name, np.append(getattr(self, name), 0))
+        self.s_payload = {k: np.append(v, -1) for k, v in self.s_payload.items()}
         until_key = _key(until_us, 0)
         ci = 0
         while True:
@@ -186,7 +198,7 @@ class KafkaPartitionReplay:
     def finish(self) -> PartitionResult:
         """End of trace: settle every message and judge fates (SPEC §4.1)."""
         self.finished = True
-        if self.heap or self.s_pos < len(getattr(self, "s_key", ())):
+        if self.heap or self.s_pos < len(getattr(self, "s_key", ())) - 1:
             self.advance(PartitionEvents.empty(), self.duration_us + 1)
         self._resolve_deadlines(self.duration_us + 1)
         self._clock(INF)  # close the last instant
@@ -319,6 +331,7 @@ class KafkaPartitionReplay:
                 "msg": np.where(is_tr, self.s_msg[ti], -1),
                 "size": np.where(is_tr, self.s_size[ti], 0),
                 "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
+                **{k: np.where(is_tr, v[ti], -1) for k, v in self.s_payload.items()},
             }
             consumed = self._segment(seg)
             took_tr = int(is_tr[:consumed].sum())
@@ -421,6 +434,7 @@ class KafkaPartitionReplay:
                 dead=new_ts + self.p.delivery_timeout_ms * MS, state=np.full(k, WAITING, np.int8),
                 err=np.zeros(k, np.int8), anchor=new_ts, pe=np.full(k, -1), po=np.full(k, -1),
                 req=np.full(k, INF), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US),
+                **{name: seg[name][is_new] for name in PAYLOAD},
             )
             rows[is_new] = created
         arr_rows = rows[is_arr]
@@ -666,10 +680,17 @@ class KafkaPartitionReplay:
         c = self.pend
         st = c["state"][mask]
         status = np.where(st == ACKED, Status.ACKED, np.where(st == FAILED, Status.FAILED, Status.PENDING))
-        return MessageRecords(
+        rec = MessageRecords(
             c["msg"][mask].copy(), c["prod"][mask].copy(), status.astype(np.int8), c["err"][mask].copy(),
             c["ack"][mask].copy(), c["vis"][mask].copy(), c["pe"][mask].copy(), c["po"][mask].copy(),
         )
+        rec.payload = {name: c[name][mask].copy() for name in PAYLOAD}
+        return rec
+
+    def drain_settled(self) -> list[MessageRecords]:
+        """Messages whose outcome is settled (all but fate), handed over so a caller may spill them to disk."""
+        out, self.done = self.done, []
+        return out
 
     # =================================================================================== deadlines
     def _resolve_deadlines(self, t: int) -> None:

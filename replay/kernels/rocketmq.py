@@ -1173,7 +1173,7 @@ class ControllerReplay(GroupReplay):
         if tgt is None or not self.cp.up[tgt]:
             return None
         if tgt == self.master and not self.blocked:
-            return tgt
+            return None if self.cp.reincarnated else tgt  # not before its new incarnation registers (C7)
         return tgt if self._is_zombie(tgt) else None
 
     def _view(self, b: int) -> tuple[int, ...]:

@@ -817,7 +817,8 @@ class ControllerReference(GroupReference):
         if tgt is None or not self.rep[tgt].up:
             return None
         if tgt == self.master and not self.blocked:
-            return tgt
+            # a master that restarted while isolated serves nothing until its new incarnation registers (C7)
+            return None if self.reincarnated else tgt
         if self.zombie is not None and tgt == self.zombie.broker:
             return tgt
         return None

@@ -145,3 +145,42 @@ def test_library_traces_kernel_matches_reference(name, scale, policy):
 @pytest.mark.parametrize(("name", "scale", "policy"), [(n, s, p) for n, s, ps in SLOW_LIBRARY_CASES for p in ps])
 def test_library_traces_kernel_matches_reference_slow(name, scale, policy):
     _library_case(name, scale, policy)
+
+
+# --------------------------------------------------------------------------------- pinned regressions
+# Cases the slow suite found (minimized): (policy, brokers, duration_us, events as (ts_us, kind, broker|msg_id)).
+_CTRL = ("rocketmq-controller:client_failover_ms=0,delivery_timeout_ms=800,slaves_per_master=1,queues_per_group=1,"
+         "flush_least_bytes=0,ha_max_time_slave_not_catchup_ms=2000,all_ack_in_sync_state_set=true,"
+         "slave_timeout_ms=400,controller_heartbeat_timeout_ms=1000,controller_scan_ms=300,"
+         "retry_times_when_send_failed=0")
+REGRESSIONS = [
+    # clients stuck on a zombie master keep writing to it through a later election from an offline group
+    (_CTRL, 2, 10_004_000, [(0, "produce", 1), (1_000_000, "replicate", 0, 1_000_000), (3_000_000, "produce", 2),
+                            (3_000_000, "isolate", 0), (3_032_000, "replicate", 1, 3_031_025),
+                            (4_011_000, "produce", 3), (6_011_000, "crash", 1), (7_004_000, "produce", 4),
+                            (8_004_000, "restart", 1), (8_004_000, "produce", 5)]),
+    # a master that loses its disk and restarts while isolated must not append under its old epoch
+    (_CTRL.replace("slaves_per_master=1", "slaves_per_master=0"), 2, 10_000_000,
+     [(0, "produce", 1), (1000, "replicate", 0, 1000), (1000, "disk_loss", 0), (1000, "isolate", 0),
+      (1000, "restart", 0), (1000, "produce", 2), (1000, "produce", 3)]),
+]
+
+
+@pytest.mark.parametrize(("policy", "brokers", "duration_us", "events"), REGRESSIONS)
+def test_pinned_regressions(policy, brokers, duration_us, events):
+    import pyarrow as pa
+
+    from replay.policies import parse_policy
+    from schemas.trace import EVENT_ARROW_SCHEMA, Broker, Manifest
+
+    rows = []
+    for e in events:
+        ts, kind, who = e[:3]
+        produce = kind == "produce"
+        rows.append({"ts_us": ts, "kind": kind, "broker": None if produce else who, "msg_id": who if produce else None,
+                     "key": None, "size_bytes": 1 if produce else None, "producer_id": 0 if produce else None,
+                     "upto_us": e[3] if kind == "replicate" else None})
+    table = pa.Table.from_pylist(rows, schema=EVENT_ARROW_SCHEMA)
+    manifest = Manifest("regression", tuple(Broker(i, f"r{i}") for i in range(brokers)), duration_us)
+    check_case(manifest, table, parse_policy(policy))
+    check_chunks(manifest, table, parse_policy(policy), [1000, 3_000_000, 8_004_000])
