@@ -128,21 +128,22 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
         frames.release()
     produced = int(pa.compute.sum(pa.compute.equal(table.column("kind"), "produce")).as_py())
     assert produced > 1000
+
+    def rows(t: pa.Table, run_id: str, cols: list[str]) -> set:
+        mine = t.filter(pa.compute.equal(t.column("run_id"), run_id))
+        return {tuple(tuple(v) if isinstance(v, list) else v for v in r)
+                for r in zip(*(mine.column(c).to_pylist() for c in cols))}
+
     for run in runs:
         want_msgs, want_states, want_gaps, want_bytes = _local_rows(run.policy, manifest, table, run.run_id)
 
-        def rows(t: pa.Table, cols: list[str]) -> set:
-            mine = t.filter(pa.compute.equal(t.column("run_id"), run.run_id))
-            return {tuple(tuple(v) if isinstance(v, list) else v for v in r)
-                    for r in zip(*(mine.column(c).to_pylist() for c in cols))}
-
-        got_msgs = rows(msgs, ["msg_id", "key", "partition", "produce_us", "status", "error", "ack_us",
+        got_msgs = rows(msgs, run.run_id, ["msg_id", "key", "partition", "produce_us", "status", "error", "ack_us",
                                "visible_us", "fate", "readable_at_end", "offset"])
         assert len(got_msgs) == produced, run.canonical
         assert got_msgs == want_msgs, run.canonical
-        assert rows(states, ["partition", "ts_us", "leader", "leader_epoch", "isr", "log_end_offset",
+        assert rows(states, run.run_id, ["partition", "ts_us", "leader", "leader_epoch", "isr", "log_end_offset",
                              "high_watermark"]) == want_states, run.canonical
-        assert rows(gaps, ["partition", "start_us", "end_us"]) == want_gaps, run.canonical
+        assert rows(gaps, run.run_id, ["partition", "start_us", "end_us"]) == want_gaps, run.canonical
         assert frames.replication_bytes[run.run_id] == want_bytes, run.canonical
 
 
