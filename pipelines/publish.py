@@ -34,6 +34,8 @@ class ReplayResults:
     unavailability: Any
     #: The clean trace events the replay read (SPEC §2.1 columns): watermarks and the message coverage check.
     events: Any
+    #: Stream mode: the run's own `watermarks` rows, one per micro-batch; None derives batch mode's one row.
+    watermarks: Any = None
 
 
 def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:
@@ -49,7 +51,8 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
                                                             info, window_ms).persist()
     tables["loss_metrics"] = metrics.loss_metrics(tables["message_outcomes"], tables["unavailability"], info,
                                                   window_ms).persist()
-    tables["watermarks"] = metrics.watermarks(results.events, info).persist()
+    watermarks = results.watermarks if results.watermarks is not None else metrics.watermarks(results.events, info)
+    tables["watermarks"] = watermarks.persist()
     tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"],
                                                 info).persist()
     return tables
