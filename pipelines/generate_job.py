@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # spark-submit pipelines/generate_job.py without the package installed: the repo root holds the packages.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas.errors import BadInput
 

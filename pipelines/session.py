@@ -70,7 +70,7 @@ def get_spark(
     if active is not None:
         return active
     if _running_on_cluster_session():
-        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        spark = _cluster_session(app_name)
         _check_delta(spark)
         return spark
 
@@ -120,9 +120,43 @@ def get_spark(
     return spark
 
 
+#: Settings a session started by spark-submit gets unless the submitter chose otherwise (`--conf` wins): Delta's
+#: extension and catalog (static SQL confs, so they must be set before the first session exists; the jars
+#: themselves come from --packages/--jars), and the settings replab's outputs depend on (UTC timestamps, Arrow
+#: for the kernels' mapInArrow, RocksDB for stream mode). Memory, master and parallelism belong to the submitter.
+_CLUSTER_DEFAULTS = {
+    **_DELTA_CONF,
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.pythonUDF.arrow.enabled": "true",
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+
+
+def _cluster_session(app_name: str):
+    """The session of a process whose JVM someone else started (spark-submit, Databricks): never a download."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if SparkContext._active_spark_context is None:
+        # spark-submit has launched the JVM but no SparkContext yet: SparkConf() reads what --conf/--packages
+        # set, and only the missing defaults are added.
+        submitted = SparkConf()
+        for key, value in _CLUSTER_DEFAULTS.items():
+            if not submitted.contains(key):
+                builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def _check_delta(spark) -> None:
+    jvm = spark.sparkContext._jvm
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+        # Through the thread's context class loader: jars given to spark-submit (--jars, --packages) are on that
+        # loader, not on the one Class.forName(name) would use (the JVM's application class path).
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable", False, loader)
     except Exception as exc:  # py4j wraps ClassNotFoundException
         from schemas.errors import ReplabError
 
