@@ -87,13 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("sweep", "many seeds × many policies: probabilities with confidence intervals",
                 "pipelines.sweep_job:cli")
-    p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml")
-    p.add_argument("--seeds", type=int, required=True, metavar="N")
-    p.add_argument("--policy", required=True, action="append", metavar="SPEC")
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR")
-    p.add_argument("--tracking-uri", default=None, metavar="URI")
-    p.add_argument("--out", default=None, metavar="DIR", help="where the generated traces go")
+    p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="library name or a YAML file")
+    p.add_argument("--seeds", type=int, required=True, metavar="N", help="how many seeds (traces) to generate")
+    p.add_argument("--policy", required=True, action="append", metavar="SPEC",
+                   help="FAMILY[:k=v,...] or PRESET[:k=v,...]; repeat for several (one pass per trace)")
+    p.add_argument("--scale", type=float, default=1.0, help="scenario scale of every trace (default 1.0)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="N", help="seeds N … N+seeds-1 (default 0)")
+    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
+    p.add_argument("--window-ms", type=int, default=1000, metavar="N", help="metric window (default 1000)")
+    p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="MLflow experiment (default sweep-<scenario>[-x<scale>]-seeds<first>-<last>)")
+    p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="traces (DIR/traces) and results (sweep.json, sweep.csv); default ./sweeps/<experiment>")
 
     p = command("policies", "every family, preset and parameter with its default", "pipelines.catalog:policies_cli")
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
