@@ -10,12 +10,18 @@ Expectations (targets are the run DataFrames; every target holds all runs of one
   failed, acked_lost, failed_committed, stranded, unavailable µs) and produced = acked + failed + pending.
 - every message has exactly one outcome: when the trace's produced msg_ids are given, no run misses one and
   no run has an outcome for a msg_id that was not produced (with the uniqueness above: a bijection).
-- extra named checks (the SPEC §9 invariants of `replay/invariants.py`): each is a DataFrame of offending
+- extra named checks (the SPEC §9 invariants, `expectations/invariants.py`): each is a DataFrame of offending
   rows (it should hold `run_id`) and must be empty.
 
+How it runs: every check is a Spark query of its offending rows (normally none). One Spark job counts each
+check's rows exactly and keeps its first 20; GX then asserts, one expectation per check, that every count is 0,
+on a one-row pandas frame of the counts. GX over the Spark tables themselves resolved several Spark jobs per
+expectation (minutes per replay on two cores); this way the gate costs one job, and GX's JSON/HTML report still
+holds one result per expectation, with the offending rows beside it.
+
 A failure raises `GateFailed` (exit 3) whose message names the failed expectations, the runs they concern and
-the HTML report; the gate run lands in `validations` either way. Map expectations report up to 20 offending
-rows by their key columns; query expectations up to 20 full rows.
+the HTML report; the gate run lands in `validations` either way. Failures report up to 20 offending rows each,
+with their key columns.
 """
 
 from __future__ import annotations
@@ -88,51 +94,30 @@ class OutputGateReport:
         return f"output gate failed for run(s) {runs}: {shown}{more} (SPEC §7)"
 
 
-# ------------------------------------------------------------------------------------------------ suites
-def _outcome_expectations() -> list[Any]:
-    import great_expectations as gx
+# ------------------------------------------------------------------------------------------------ checks
+@dataclass(frozen=True)
+class Check:
+    """One expectation of the gate: its target, its description, and the Spark query of its offending rows."""
 
-    return [
-        gx.expectations.ExpectColumnValuesToBeBetween(column="latency_us", min_value=0,
-                                                      description="latency >= 0"),
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["run_id", "msg_id"],
-                                                        description="at most one outcome per message and run"),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=STATUS_LABELS,
-                                                    description="status is acked, failed or pending"),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="fate", value_set=FATE_LABELS,
-                                                    description="fate is committed, lost or absent"),
-    ]
+    target: str
+    description: str
+    rows: Callable[[], Any]  # -> DataFrame of offending rows (with run_id where the row belongs to a run)
 
 
-def _state_expectations() -> list[Any]:
-    import great_expectations as gx
-
-    return [gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
-        column_A="log_end_offset", column_B="high_watermark", or_equal=True,
-        ignore_row_if="either_value_is_missing", description="high_watermark <= log_end_offset")]
+def _where(df, condition, *columns: str):
+    return lambda: df.where(condition).select(*columns)
 
 
-HW_QUERY = (
-    "SELECT run_id, `partition`, leader_epoch, ts_us, high_watermark, prev_max_high_watermark FROM ("
-    " SELECT run_id, `partition`, leader_epoch, ts_us, high_watermark,"
-    " MAX(high_watermark) OVER (PARTITION BY run_id, `partition`, leader_epoch ORDER BY ts_us"
-    " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_high_watermark FROM {batch})"
-    " WHERE high_watermark < prev_max_high_watermark ORDER BY run_id, `partition`, ts_us")
+def hw_decreases(partition_states):
+    """Rows whose high watermark is below the running max of earlier rows of the same run, partition, epoch."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-
-def _hw_expectations() -> list[Any]:
-    return [runner.unexpected_rows(HW_QUERY, description="high watermark never decreases within a leader epoch")]
-
-
-def _count_expectations(what: str) -> list[Any]:
-    import great_expectations as gx
-
-    return [
-        gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="produced", column_B="acked", or_equal=True, description=f"{what}: acked <= produced"),
-        gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="acked", column_B="acked_lost", or_equal=True, description=f"{what}: acked_lost <= acked"),
-    ]
+    earlier = (Window.partitionBy("run_id", "partition", "leader_epoch").orderBy("ts_us")
+               .rowsBetween(Window.unboundedPreceding, -1))
+    return (partition_states.select("run_id", "partition", "leader_epoch", "ts_us", "high_watermark",
+                                    F.max("high_watermark").over(earlier).alias("prev_max_high_watermark"))
+            .where(F.col("high_watermark") < F.col("prev_max_high_watermark")))
 
 
 _WINDOW_TOTALS = ("produced", "acked", "failed", "acked_lost", "failed_committed", "stranded")
@@ -153,34 +138,56 @@ def summary_vs_windows(run_summary, loss_metrics):
     return out.fillna(0, subset=[f"windows_{c}" for c in (*_WINDOW_TOTALS, "unavailable_us")])
 
 
-def _summary_window_expectations() -> list[Any]:
-    # One query for all totals (not one pair expectation per total): GX resolves several Spark jobs per
-    # expectation, and the offending rows name the totals that differ anyway.
+def summary_window_mismatches(run_summary, loss_metrics):
+    """Runs whose totals differ from their windows, naming the totals that differ (`differing`)."""
+    from pyspark.sql import functions as F
+
     pairs = [(c, f"windows_{c}") for c in (*_WINDOW_TOTALS, "unavailable_us")]
     pairs.append(("produced", "acked_failed_pending"))
-    differs = [f"{a} <> {b}" for a, b in pairs]
-    names = ", ".join(f"IF({a} <> {b}, '{a} vs {b}', NULL)" for a, b in pairs)
-    query = (f"SELECT run_id, concat_ws('; ', {names}) AS differing, * EXCEPT (run_id) FROM {{batch}} "
-             f"WHERE {' OR '.join(differs)} ORDER BY run_id")
-    return [runner.unexpected_rows(query, description="summary totals equal the sums of the windows, and "
-                                                      "produced = acked + failed + pending")]
+    differs = F.lit(False)
+    for a, b in pairs:
+        differs = differs | (F.col(a) != F.col(b))
+    names = F.concat_ws("; ", *[F.when(F.col(a) != F.col(b), F.lit(f"{a} vs {b}")) for a, b in pairs])
+    both = summary_vs_windows(run_summary, loss_metrics)
+    return both.where(differs).select("run_id", names.alias("differing"), *[c for c in both.columns
+                                                                          if c != "run_id"])
 
 
-def message_coverage(message_outcomes, produced_msg_ids, run_ids: Sequence[str]):
+def outcome_keys(message_outcomes):
+    """Per msg_id: rows and distinct runs. One aggregation serves uniqueness and coverage."""
+    from pyspark.sql import functions as F
+
+    return message_outcomes.groupBy("msg_id").agg(F.count(F.lit(1)).alias("_n"),
+                                                 F.countDistinct("run_id").alias("_runs"))
+
+
+def duplicate_outcomes(message_outcomes, keys):
+    """Every row of a (run, message) that has more than one outcome."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    suspect = keys.where(F.col("_n") > F.col("_runs")).select("msg_id")  # normally empty
+    rows = message_outcomes.join(suspect, "msg_id", "left_semi")
+    per_run = Window.partitionBy("run_id", "msg_id")
+    return (rows.withColumn("outcomes", F.count(F.lit(1)).over(per_run)).where(F.col("outcomes") > 1)
+            .select("run_id", "msg_id", "outcomes", "status"))
+
+
+def message_coverage(message_outcomes, produced_msg_ids, run_ids: Sequence[str], keys=None):
     """Rows (run_id, msg_id, problem) for a produced message without an outcome in a run, or an outcome of a
     message the trace does not produce.
 
     One aggregation of the outcomes by msg_id (a message is covered when all runs have it; duplicates within
-    a run are the uniqueness expectation's business), then only the offending msg_ids (normally none) are
-    looked up again to name the runs.
+    a run are the uniqueness check's business), then only the offending msg_ids (normally none) are looked up
+    again to name the runs.
     """
     from pyspark.sql import functions as F
 
+    keys = keys if keys is not None else outcome_keys(message_outcomes)
     runs = F.array(*[F.lit(r) for r in run_ids])
-    counts = message_outcomes.groupBy("msg_id").agg(F.count(F.lit(1)).alias("_n"))
     produced = produced_msg_ids.select("msg_id").distinct().withColumn("_produced", F.lit(True))
-    offending = (produced.join(counts, "msg_id", "full_outer")
-                 .where(F.col("_produced").isNull() | F.col("_n").isNull() | (F.col("_n") < len(run_ids)))
+    offending = (produced.join(keys, "msg_id", "full_outer")
+                 .where(F.col("_produced").isNull() | F.col("_runs").isNull() | (F.col("_runs") < len(run_ids)))
                  .select("msg_id", F.coalesce("_produced", F.lit(False)).alias("_produced")))
     # No broadcast hint: offending is normally empty and AQE then broadcasts it, but it may be large.
     present = (offending.join(message_outcomes.select("run_id", "msg_id"), "msg_id", "left")
@@ -192,57 +199,122 @@ def message_coverage(message_outcomes, produced_msg_ids, run_ids: Sequence[str])
         .otherwise(F.lit("outcome of a message the trace does not produce")).alias("problem"))
 
 
-def _rows_check(description: str) -> list[Any]:
-    return [runner.unexpected_rows("SELECT * FROM {batch} ORDER BY 1", description=description)]
+def gate_checks(outputs: RunOutputs, run_ids: Sequence[str], *, produced_msg_ids=None,
+                extra_checks: Sequence[NamedCheck] = ()) -> list[Check]:
+    """Every expectation of the output gate, in report order (module docstring)."""
+    from pyspark.sql import functions as F
+
+    mo, ps, lm, rs = outputs.message_outcomes, outputs.partition_states, outputs.loss_metrics, outputs.run_summary
+    keys = outcome_keys(mo).persist()
+    checks = [
+        Check("message_outcomes", "latency >= 0", _where(mo, F.col("latency_us") < 0, "run_id", "msg_id",
+                                                          "latency_us")),
+        Check("message_outcomes", "at most one outcome per message and run", lambda: duplicate_outcomes(mo, keys)),
+        Check("message_outcomes", "status is acked, failed or pending", _where(
+            mo, ~F.coalesce(F.col("status").isin(*STATUS_LABELS), F.lit(False)), "run_id", "msg_id", "status")),
+        Check("message_outcomes", "fate is committed, lost or absent", _where(
+            mo, ~F.coalesce(F.col("fate").isin(*FATE_LABELS), F.lit(False)), "run_id", "msg_id", "fate")),
+        Check("partition_states", "high_watermark <= log_end_offset", _where(
+            ps, F.col("high_watermark") > F.col("log_end_offset"), "run_id", "partition", "ts_us",
+            "high_watermark", "log_end_offset")),
+        Check("partition_states.hw_monotonic", "high watermark never decreases within a leader epoch",
+              lambda: hw_decreases(ps)),
+    ]
+    for name, df, keys_of in (("loss_metrics", lm, ("run_id", "partition", "window_start_us")),
+                              ("run_summary", rs, ("run_id",))):
+        checks += [
+            Check(name, f"{name}: acked <= produced", _where(df, F.col("acked") > F.col("produced"), *keys_of,
+                                                             "produced", "acked")),
+            Check(name, f"{name}: acked_lost <= acked", _where(df, F.col("acked_lost") > F.col("acked"),
+                                                               *keys_of, "acked", "acked_lost")),
+        ]
+    checks.append(Check("summary_vs_windows", "summary totals equal the sums of the windows, and produced = acked "
+                        "+ failed + pending", lambda: summary_window_mismatches(rs, lm)))
+    if produced_msg_ids is not None:
+        checks.append(Check("message_coverage", "every produced message has exactly one outcome per run",
+                            lambda: message_coverage(mo, produced_msg_ids, run_ids, keys)))
+    for check in extra_checks:
+        checks.append(Check(f"invariant.{check.name}", check.description or f"invariant {check.name} holds "
+                            "(SPEC §9)", check.dataframe))
+    return checks
 
 
-# ------------------------------------------------------------------------------------------------ the gate
+def violations_frame(spark, checks: Sequence[Check]):
+    """All checks' offending rows in one frame: check index, run_id, the row as JSON."""
+    from pyspark.sql import functions as F
+
+    parts = []
+    for i, check in enumerate(checks):
+        df = check.rows()
+        run = F.col("run_id").cast("string") if "run_id" in df.columns else F.lit(None).cast("string")
+        parts.append(df.select(F.lit(i).alias("check"), run.alias("run_id"),
+                               F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]),
+                                         {"ignoreNullFields": "false"}).alias("row")))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def offending(spark, checks: Sequence[Check]) -> tuple[list[int], list[list[dict[str, Any]]]]:
+    """Exact offending-row count of every check and its first rows, in ONE Spark job (normally empty)."""
+    import json
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    by_check = Window.partitionBy("check")
+    first = (violations_frame(spark, checks)
+             .withColumn("_count", F.count(F.lit(1)).over(by_check))
+             .withColumn("_rank", F.row_number().over(by_check.orderBy("run_id", "row")))
+             .where(F.col("_rank") <= runner.PARTIAL_ROWS).collect())
+    counts, rows = [0] * len(checks), [[] for _ in checks]
+    for r in sorted(first, key=lambda r: (r["check"], r["_rank"])):
+        counts[r["check"]] = int(r["_count"])
+        rows[r["check"]].append(json.loads(r["row"]))
+    return counts, rows
+
+
+def check_column(i: int, check: Check) -> str:
+    return f"{i:02d} {check.target}: {check.description}"
+
+
+def _expectations(checks: Sequence[Check]) -> list[Any]:
+    import great_expectations as gx
+
+    return [gx.expectations.ExpectColumnValuesToBeBetween(
+        column=check_column(i, check), min_value=0, max_value=0,
+        description=f"{check.target}: no row breaks \"{check.description}\"",
+        meta={"target": check.target, "check": i, "expectation": check.description, "spec": "§7"})
+        for i, check in enumerate(checks)]
+
+
 def check_outputs(spark, outputs: RunOutputs, run_ids: Sequence[str], *, produced_msg_ids=None,
                   extra_checks: Sequence[NamedCheck] = ()) -> OutputGateReport:
     """Run every output expectation; no side effects (see `run_output_gate` for reports and tables)."""
-    targets: list[tuple[str, Any, Callable[[], list[Any]], dict[str, Any]]] = [
-        ("message_outcomes", outputs.message_outcomes, _outcome_expectations,
-         runner.summary_format(["run_id", "msg_id"])),
-        ("partition_states", outputs.partition_states, _state_expectations,
-         runner.summary_format(["run_id", "partition", "ts_us"])),
-        ("partition_states.hw_monotonic", outputs.partition_states, _hw_expectations, runner.ROWS_FORMAT),
-        ("loss_metrics", outputs.loss_metrics, lambda: _count_expectations("loss_metrics"),
-         runner.summary_format(["run_id", "partition", "window_start_us"])),
-        ("run_summary", outputs.run_summary, lambda: _count_expectations("run_summary"),
-         runner.summary_format(["run_id"])),
-        ("summary_vs_windows", summary_vs_windows(outputs.run_summary, outputs.loss_metrics),
-         _summary_window_expectations, runner.ROWS_FORMAT),
-    ]
-    if produced_msg_ids is not None:
-        targets.append(("message_coverage", message_coverage(outputs.message_outcomes, produced_msg_ids, run_ids),
-                        lambda: _rows_check("every produced message has exactly one outcome per run"),
-                        runner.ROWS_FORMAT))
-    for check in extra_checks:
-        targets.append((f"invariant.{check.name}", check.dataframe(),
-                        lambda c=check: _rows_check(c.description or f"invariant {c.name} holds (SPEC §9)"),
-                        runner.ROWS_FORMAT))
+    import pandas as pd
 
-    results, failures, failed_runs = [], [], set()
-    attributed_all = True
-    for target, df, expectations, fmt in targets:
-        result = runner.validate(df, suite_name=SUITE, target=target, expectations=expectations(),
-                                 result_format=fmt)
-        results.append(result)
-        for res in runner.failed_results(result):
-            cfg = res.get("expectation_config", {})
-            rows = runner.offending_rows(res)
-            ids = {r.get("run_id") for r in rows if isinstance(r, dict) and r.get("run_id") is not None}
-            if not ids:
-                attributed_all = False
-            failed_runs |= ids
-            failures.append(GateFailure(target, cfg.get("description") or cfg.get("type", "?"),
-                                        runner.unexpected_count(res), tuple(sorted(ids)), tuple(rows)))
+    checks = gate_checks(outputs, run_ids, produced_msg_ids=produced_msg_ids, extra_checks=extra_checks)
+    counts, rows = offending(spark, checks)
+    frame = pd.DataFrame({check_column(i, c): [counts[i]] for i, c in enumerate(checks)})
+    result = runner.validate(frame, suite_name=SUITE, target="run_outputs", expectations=_expectations(checks))
+    for res in result.get("results", []):  # the exact count and first rows beside GX's verdict, for the report
+        i = int(res["expectation_config"]["meta"]["check"])
+        res.setdefault("result", {}).update(offending_count=counts[i], offending_rows=rows[i])
+    failures, failed_runs, attributed_all = [], set(), True
+    for res in runner.failed_results(result):
+        i = int(res["expectation_config"]["meta"]["check"])
+        ids = {r.get("run_id") for r in rows[i] if r.get("run_id") is not None}
+        attributed_all &= bool(ids)
+        failed_runs |= ids
+        failures.append(GateFailure(checks[i].target, checks[i].description, counts[i], tuple(sorted(ids)),
+                                    tuple(rows[i])))
     if failures and not attributed_all:
         failed_runs |= set(run_ids)
-    evaluated = sum(r.get("statistics", {}).get("evaluated_expectations", 0) for r in results)
-    successful = sum(r.get("statistics", {}).get("successful_expectations", 0) for r in results)
-    return OutputGateReport(not failures, list(run_ids), sorted(failed_runs), failures, results, evaluated,
-                            successful, sum(f.count for f in failures))
+    stats = result.get("statistics", {})
+    return OutputGateReport(not failures, list(run_ids), sorted(failed_runs), failures, [result],
+                            stats.get("evaluated_expectations", 0), stats.get("successful_expectations", 0),
+                            sum(f.count for f in failures))
 
 
 def run_output_gate(spark, outputs: RunOutputs, *, trace_id: str, run_ids: Sequence[str], lakehouse=None,

@@ -320,8 +320,8 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     step("trace gate")
     events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=run_ids)
     events = events.persist()
+    tracker = None
     try:
-        tracker = None
         if request.mlflow:
             from pipelines import tracking
 
@@ -337,13 +337,8 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             step("windows, output gate, Delta tables")
             checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
                                        frames.control)
-            try:
-                summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id,
-                                    window_ms=request.window_ms, extra_checks=checks)
-            except Exception as exc:
-                if tracker is not None:
-                    tracker.fail(exc)
-                raise
+            summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id,
+                                window_ms=request.window_ms, extra_checks=checks)
         finally:
             frames.release()
         report = ReplayReport(manifest.trace_id, runs, summaries, str(lakehouse.root), gate.quarantined,
@@ -353,6 +348,10 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             tracker.finish(report, lakehouse, window_ms=request.window_ms, trace_dir=tf.root,
                            gate_reports=[p for p in (gate.report_html, gate.report_json) if p])
             report.mlflow, report.experiment = tracker.run_ids, tracker.experiment_name
+    except BaseException as exc:
+        if tracker is not None:
+            tracker.fail(exc)  # no MLflow run stays RUNNING after a failed replay
+        raise
     finally:
         events.unpersist()
         if gate.report is not None:
