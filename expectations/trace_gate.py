@@ -2,11 +2,11 @@
 
 How a rule is checked: `annotate()` adds one boolean column per rule to the events (row rules are plain
 predicates; cross-row rules use window functions per broker over (ts_us, SPEC §2.2 same-instant kind order,
-file, row)), and the GX suite holds one UnexpectedRowsExpectation per rule that selects the flagged rows in
-file/row order. So each rule has one definition (its column), GX counts the offending rows and returns the
-first ones, and the quarantine split uses the very same columns. Fatal rules are GX severity `critical`,
-quarantine rules `warning`; the column checks (missing column, wrong type) are GX schema expectations that
-run first, since nothing else can be computed without the columns.
+file, row)); one Spark job counts each rule's flagged rows and keeps the first ones in file/row order, and the
+GX suite holds one expectation per rule asserting that its count is 0. So each rule has one definition (its
+column), and the quarantine split uses the very same columns. Fatal rules are GX severity `critical`,
+quarantine rules `warning`; the column checks (missing column, wrong type) are GX expectations over the
+columns' types that run first, since nothing else can be computed without the columns.
 
 Broker state, as the replay sees it (SPEC §2.2): every broker starts up and not isolated; crash, power_loss,
 disk_loss and shutdown take it down, restart brings it back; isolate cuts it off until heal (a crash does not
@@ -87,7 +87,7 @@ RULES: tuple[Rule, ...] = (
 RULES_BY_NAME = {r.name: r for r in RULES}
 SCHEMA_RULES = ("column-missing", "column-type")
 ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
-_SPARK_TYPE_NAMES = {"int64": "LongType", "int32": "IntegerType", "string": "StringType"}
+_SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString
 
 
 @dataclass
@@ -303,25 +303,33 @@ def annotate(events_df, manifest: Manifest):
 
 
 # ----------------------------------------------------------------------------------------------- GX suites
+#: Columns a rule's offending rows are reported with.
+REPORT_COLUMNS: tuple[str, ...] = (*LOCATION, *EVENT_NAMES, "_first_file", "_first_row", "_prev_max_upto_us")
+MISSING = "missing"
+
+
+def column_types(events_df) -> dict[str, str]:
+    """The Spark type of each SPEC §2.1 column as GX sees it (`missing` when absent)."""
+    present = {f.name: f.dataType.simpleString() for f in events_df.schema.fields}
+    return {name: present.get(name, MISSING) for name, _ in EVENT_COLUMNS}
+
+
 def schema_expectations() -> list[Any]:
+    """One expectation per column of SPEC §2.1: present, with its type (over a one-row frame of the types)."""
     import great_expectations as gx
 
-    out = []
-    for name, typ in EVENT_COLUMNS:
-        out.append(gx.expectations.ExpectColumnToExist(
-            column=name, description=f"column {name} exists (SPEC §2.1)", meta={"rule": "column-missing"}))
-        out.append(gx.expectations.ExpectColumnValuesToBeOfType(
-            column=name, type_=_SPARK_TYPE_NAMES[str(typ)], description=f"column {name} is {typ} (SPEC §2.1)",
-            meta={"rule": "column-type"}))
-    return out
+    return [gx.expectations.ExpectColumnValuesToBeInSet(
+        column=name, value_set=[_SPARK_TYPE_NAMES[str(typ)]], description=f"column {name} is {typ} (SPEC §2.1)",
+        meta={"rule": "column-type", "column": name}) for name, typ in EVENT_COLUMNS]
 
 
 def rule_expectations() -> list[Any]:
-    """One UnexpectedRowsExpectation per rule: the flagged rows, first in file/row order."""
-    columns = ", ".join([*LOCATION, *EVENT_NAMES, "_first_file", "_first_row", "_prev_max_upto_us"])
+    """One expectation per row rule: no row breaks it (over a one-row frame of the offending-row counts)."""
+    import great_expectations as gx
+
     return [
-        runner.unexpected_rows(
-            f"SELECT {columns} FROM {{batch}} WHERE {rule.column} ORDER BY _file NULLS FIRST, _row, ts_us",
+        gx.expectations.ExpectColumnValuesToBeBetween(
+            column=rule.name, min_value=0, max_value=0,
             description=f"[{rule.name}] no row may break: {rule.description} (SPEC §2.3, {rule.severity})",
             meta={"rule": rule.name, "severity": rule.severity, "spec": "§2.3"},
             severity="critical" if rule.severity == FATAL else "warning",
@@ -330,23 +338,42 @@ def rule_expectations() -> list[Any]:
     ]
 
 
-def _schema_outcomes(events_df, schema_result: dict[str, Any]) -> list[RuleOutcome]:
+def _schema_outcomes(types: dict[str, str], schema_result: dict[str, Any]) -> list[RuleOutcome]:
     """Missing columns and wrong types (GX decides; the message names the column and both types)."""
-    present = {f.name: f.dataType.simpleString() for f in events_df.schema.fields}
     missing, wrong = [], []
     for res in schema_result.get("results", []):
         if res.get("success"):
             continue
-        cfg = res["expectation_config"]
-        col = cfg["kwargs"]["column"]
-        if cfg["type"] == "expect_column_to_exist":
+        col = res["expectation_config"]["meta"]["column"]
+        expected = res["expectation_config"]["kwargs"]["value_set"][0]
+        if types[col] == MISSING:
             missing.append({"detail": f"missing column '{col}'"})
-        elif col in present:
-            wrong.append({"detail": f"column '{col}' has type {present[col]}, expected {cfg['kwargs']['type_']}"})
+        else:
+            wrong.append({"detail": f"column '{col}' has type {types[col]}, expected {expected}"})
     return [RuleOutcome("column-missing", FATAL, RULES_BY_NAME["column-missing"].description, len(missing),
                         missing[:FIRST_ROWS]),
             RuleOutcome("column-type", FATAL, RULES_BY_NAME["column-type"].description, len(wrong),
                         wrong[:FIRST_ROWS])]
+
+
+def rule_counts(violations) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
+    """Exact offending-row count of every row rule and its first rows in (file, row) order: one Spark job."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rule = F.explode(F.array(*[F.when(F.col(r.column), F.lit(r.name)) for r in ROW_RULES])).alias("_rule")
+    by_rule = Window.partitionBy("_rule")
+    order = by_rule.orderBy(F.col("_file").asc_nulls_first(), "_row", "ts_us")
+    first = (violations.select(*REPORT_COLUMNS, rule).where(F.col("_rule").isNotNull())
+             .withColumn("_count", F.count(F.lit(1)).over(by_rule))
+             .withColumn("_rank", F.row_number().over(order))
+             .where(F.col("_rank") <= FIRST_ROWS).collect())
+    counts = {r.name: 0 for r in ROW_RULES}
+    rows: dict[str, list[dict[str, Any]]] = {r.name: [] for r in ROW_RULES}
+    for r in sorted(first, key=lambda r: (r["_rule"], r["_rank"])):
+        counts[r["_rule"]] = int(r["_count"])
+        rows[r["_rule"]].append({c: r[c] for c in REPORT_COLUMNS})
+    return counts, rows
 
 
 def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
@@ -355,15 +382,19 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
     Raises nothing for bad data: the report says what broke (see `TraceRuleReport.to_bad_input`). The
     rows that break a rule stay persisted for the quarantine split; `release()` frees them.
 
-    The rule columns are computed in one pass over the events, and GX's batch is the rows flagged by at least
-    one rule: each rule's query then scans those few rows instead of the whole trace (same answers: a row
-    without any flag cannot match a rule's query).
+    The rule columns are computed in one pass over the events; the rows flagged by some rule (normally none)
+    are persisted, and one Spark job counts each rule's rows and keeps the first ones. GX then asserts, one
+    expectation per rule, that each count is 0 (on a one-row pandas frame: GX over Spark resolved several
+    Spark jobs per expectation, which cost minutes per trace on two cores). The column checks are GX
+    expectations over a one-row frame of the columns' types.
     """
+    import pandas as pd
     from pyspark import StorageLevel
 
-    schema_result = runner.validate(events_df, suite_name=SUITE, target="events_schema",
-                                    expectations=schema_expectations())
-    outcomes = _schema_outcomes(events_df, schema_result)
+    types = column_types(events_df)
+    schema_result = runner.validate(pd.DataFrame({k: [v] for k, v in types.items()}), suite_name=SUITE,
+                                    target="events_schema", expectations=schema_expectations())
+    outcomes = _schema_outcomes(types, schema_result)
     report = TraceRuleReport(manifest.trace_id, manifest.duration_us, manifest.broker_ids, outcomes,
                              [schema_result])
     if any(o.count for o in outcomes):
@@ -377,13 +408,15 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
     for rule in ROW_RULES:
         flagged = flagged | F.col(rule.column)
     violations = annotated.where(flagged).persist(StorageLevel.MEMORY_AND_DISK)
-    result = runner.validate(violations, suite_name=SUITE, target="events", expectations=rule_expectations(),
-                             result_format=runner.ROWS_FORMAT)
-    by_rule = {r["expectation_config"]["meta"]["rule"]: r for r in result["results"]}
+    counts, rows = rule_counts(violations)
+    result = runner.validate(pd.DataFrame({name: [n] for name, n in counts.items()}), suite_name=SUITE,
+                             target="events", expectations=rule_expectations())
+    for res in result.get("results", []):  # the exact count and first rows beside GX's verdict, for the report
+        name = res["expectation_config"]["meta"]["rule"]
+        res.setdefault("result", {}).update(offending_count=counts[name], offending_rows=rows[name])
     for rule in ROW_RULES:
-        res = by_rule[rule.name]
-        outcomes.append(RuleOutcome(rule.name, rule.severity, rule.description, runner.unexpected_count(res),
-                                    runner.offending_rows(res, FIRST_ROWS)))
+        outcomes.append(RuleOutcome(rule.name, rule.severity, rule.description, counts[rule.name],
+                                    rows[rule.name]))
     report.gx_results.append(result)
     report.annotated, report.violations = annotated, violations
     return report
