@@ -27,6 +27,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.procs import cpu_seconds as _cpu_seconds
+from bench.procs import vm_hwm_mb as _vm_hwm_mb
+from bench.procs import worker_peak_mb as _worker_peak_mb
 from generators.generate import generate_trace
 from generators.scenario import Scenario, resolve_scenario
 
@@ -62,57 +65,6 @@ def scale_for(scenario: Scenario, events: int) -> float:
     per_scale = sum(wl.duration_s * 1000.0 / scenario.replication.for_broker(b).fetch_interval_ms
                     for b in scenario.broker_ids)
     return (-per_scale + math.sqrt(per_scale**2 + 4 * per_scale2 * events)) / (2 * per_scale2)
-
-
-def _vm_hwm_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def _descendants(root: int | None) -> list[int]:
-    """Processes under `root` (this session's Python daemon and workers; other sessions on the machine have
-    their own JVM and are not counted)."""
-    if root is None:
-        return []
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(proc.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _worker_peak_mb(jvm_pid: int | None) -> float | None:
-    peaks = [p for p in (_vm_hwm_mb(pid) for pid in _descendants(jvm_pid)) if p is not None]
-    return max(peaks) if peaks else None
-
-
-def _cpu_seconds(jvm_pid: int | None) -> float:
-    """CPU time so far of this process, the driver JVM and the Python workers (with their reaped children)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    total = own.ru_utime + own.ru_stime
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in ([jvm_pid] if jvm_pid else []) + _descendants(jvm_pid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
-    return total
 
 
 def run(sizes=DEFAULT_SIZES, *, scenario: str = "steady-state", seed: int = 1, workdir: str | None = None,

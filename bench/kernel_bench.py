@@ -1,8 +1,9 @@
-"""Kernel benchmark for the RocketMQ families (SPEC §10: ≥ 10 M trace events/s per core on a steady trace, and
-≥ 50× the reference interpreter), with the Kafka kernel on the same traces for comparison.
+"""Kernel benchmark (SPEC §10: ≥ 10 M trace events/s per core on a steady trace, and ≥ 50× the reference
+interpreter on every scenario), for every preset.
 
-    python -m bench.rocketmq_kernel_bench                 # steady-state at --scale 1 (≈1.7 M events)
-    python -m bench.rocketmq_kernel_bench --scale 2 --reference-scale 0.2 --json out.json
+    python -m bench.kernel_bench                          # steady-state at --scale 1 (≈1.7 M events), all presets
+    python -m bench.kernel_bench --scale 2 --reference-scale 0.2 --json out.json
+    python -m bench.kernel_bench --every-scenario         # kernel/reference on every library scenario
 
 Traces are the library's `steady-state` scenario (6 brokers, 5000 keyed msg/s, GC pauses; events grow with
 scale²) generated in-process, and `dledger5-double-failure` (faults). No Spark: this measures the engines alone,
@@ -24,12 +25,13 @@ from bench.dledger_vs_kafka import load_trace
 from replay.events import split_trace_table
 from replay.families import RouteInput, family_of
 from replay.local import control_events, msg_rank, unit_events
-from replay.policies import parse_policy
+from replay.policies import parse_policy, presets
 
-POLICIES = (
-    "rocketmq-async", "rocketmq-sync", "rocketmq-sync-syncflush", "rocketmq-ordered", "rocketmq5-sync-default",
-    "dledger-3", "rocketmq-controller", "rocketmq-controller-allack", "kafka-durable",
-)
+#: Every preset (conf/policies.yaml).
+POLICIES = tuple(presets())
+#: For the every-scenario speedup check: one policy per family and acks mode (the reference is slow).
+SPEEDUP_POLICIES = ("kafka-acks1", "kafka-durable", "kafka-unclean", "rocketmq-async", "rocketmq-sync",
+                    "dledger-3", "rocketmq-controller-allack")
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,11 @@ def time_reference(policy, manifest, table) -> float:
     return time.perf_counter() - t0
 
 
-def bench(trace: str, scale: float, reference_scale: float | None) -> list[Row]:
+def bench(trace: str, scale: float, reference_scale: float | None, policies=POLICIES) -> list[Row]:
     manifest, table = load_trace(trace, 1, scale)
     small = load_trace(trace, 1, reference_scale) if reference_scale else None
     rows = []
-    for text in POLICIES:
+    for text in policies:
         policy = parse_policy(text)
         time_kernels(policy, manifest, table, None)  # warm-up (imports, caches)
         route_s, kernel_s = time_kernels(policy, manifest, table, None)
@@ -117,10 +119,20 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--reference-scale", type=float, default=0.15)
     ap.add_argument("--traces", default="steady-state,dledger5-double-failure")
+    ap.add_argument("--every-scenario", action="store_true",
+                    help="kernel/reference speedup on every library scenario (at --reference-scale)")
     ap.add_argument("--json")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}")
-    rows = [r for t in args.traces.split(",") for r in bench(t, args.scale, args.reference_scale)]
+    if args.every_scenario:
+        from generators.library import scenario_files
+
+        rows = [r for t in sorted(scenario_files()) for r in bench(t, args.reference_scale, args.reference_scale,
+                                                                  SPEEDUP_POLICIES)]
+        slowest = min(rows, key=lambda r: r.speedup or float("inf"))
+        print(f"smallest kernel/reference speedup: {slowest.speedup:.0f}x ({slowest.trace}, {slowest.policy})")
+    else:
+        rows = [r for t in args.traces.split(",") for r in bench(t, args.scale, args.reference_scale)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)

@@ -1,0 +1,70 @@
+"""What a benchmark measures about its own processes: CPU time and peak memory of this Python process, the
+driver JVM it started and the JVM's Python workers. The machine may be shared: CPU seconds of replab's own
+processes say what a run costs whatever else is running (events per CPU-second × 2 is what local[2] reaches with
+both cores to itself).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+
+def jvm_pid(spark) -> int | None:
+    return getattr(getattr(spark.sparkContext._gateway, "proc", None), "pid", None)
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def vm_hwm_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def descendants(root: int | None) -> list[int]:
+    """Processes under `root` (this session's Python daemon and workers; other sessions on the machine have
+    their own JVM and are not counted)."""
+    if root is None:
+        return []
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def worker_peak_mb(jvm_pid: int | None) -> float | None:
+    peaks = [p for p in (vm_hwm_mb(pid) for pid in descendants(jvm_pid)) if p is not None]
+    return max(peaks) if peaks else None
+
+
+def cpu_seconds(jvm_pid: int | None) -> float:
+    """CPU time so far of this process, the driver JVM and the Python workers (with their reaped children)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in ([jvm_pid] if jvm_pid else []) + descendants(jvm_pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total

@@ -1,0 +1,181 @@
+"""Spark replay benchmark (SPEC §10), every figure from one run on the same trace, on local[2]:
+
+- **floor**: the bare Spark job any pipeline on this data pays: read the events, give each a partition (produce
+  events by a hash of the key, broker events by broker), shuffle by partition, sort by time within it, write one
+  row per message (Delta).
+- **one policy**: the replay core for `kafka-durable`: route, fan broker events out, one shuffle, chunked kernels,
+  and write message_outcomes (Delta): the same output as the floor, with the replay's work in between.
+  Target: ≤ 1.25 × floor.
+- **all presets**: the same for every preset of conf/policies.yaml (Kafka and RocketMQ families) in one pass,
+  one Delta write of every message outcome. Target: ≤ 2.5 × one policy.
+- **full replay, one policy / all presets**: `run_replay` as `replab replay --no-mlflow` runs it: trace gate,
+  replay, windows, output gate, every Delta table of the run protocol (the price of the lakehouse).
+
+    python -m bench.spark_bench                       # 1 M events (steady-state), all of the above
+    python -m bench.spark_bench --sizes 1e6,1e7       # linear growth check (SPEC §10 "Scale")
+    python -m bench.spark_bench --skip-full --json out.json
+
+Traces are the library's `steady-state` scenario at the scale giving the requested event count, generated
+once per size before anything is timed; a warm-up replay of a small trace precedes the timings (JVM start,
+Python workers, imports). Wall seconds and CPU seconds of replab's own processes are both reported (the machine
+may be shared: see bench/procs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.procs import cpu_seconds, jvm_pid, load_average, vm_hwm_mb, worker_peak_mb
+
+ONE_POLICY = "kafka-durable"
+
+
+@dataclass(frozen=True)
+class Row:
+    job: str
+    policies: int
+    events: int
+    messages: int
+    seconds: float
+    cpu_seconds: float
+    events_per_s: float
+    load_avg_1m: float
+    jvm_peak_mb: float | None
+    worker_peak_mb: float | None
+
+
+def floor_job(spark, trace: Path, out: str) -> int:
+    """Read, partition (key hash / broker), shuffle by partition, sort by time, write one row per message."""
+    from pyspark.sql import functions as F
+
+    from pipelines.trace_loader import read_events_spark
+
+    _, events = read_events_spark(spark, trace)
+    partitions = 12
+    part = F.when(F.col("kind") == "produce", F.pmod(F.hash(F.coalesce("key", F.col("msg_id").cast("string"))),
+                                                    F.lit(partitions))).otherwise(F.col("broker") % partitions)
+    rows = (events.withColumn("partition", part).repartition("partition")
+            .sortWithinPartitions("partition", "ts_us", "msg_id")
+            .where(F.col("kind") == "produce")
+            .select("msg_id", "key", "producer_id", "partition", F.col("ts_us").alias("produce_us")))
+    rows.write.format("delta").mode("overwrite").save(out)
+    return spark.read.format("delta").load(out).count()
+
+
+def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
+    """The replay core of `replab replay` for these policies, writing message_outcomes (no gates, no windows)."""
+    from pipelines.replay_job import policy_runs, replay_frames
+    from pipelines.trace_loader import read_events_spark
+    from replay.policies import parse_policy
+
+    manifest, events = read_events_spark(spark, trace)
+    runs = policy_runs([parse_policy(p) for p in policy_texts], manifest)
+    frames = replay_frames(spark, manifest, events, runs)
+    try:
+        frames.message_outcomes.write.format("delta").mode("overwrite").partitionBy("run_id").save(out)
+    finally:
+        frames.release()
+    return spark.read.format("delta").load(out).count()
+
+
+def full_replay(spark, trace: Path, policy_texts: list[str], lakehouse: str) -> int:
+    from pipelines.replay_job import ReplayRequest, run_replay
+    from replay.policies import parse_policy
+
+    report = run_replay(spark, ReplayRequest(str(trace), [parse_policy(p) for p in policy_texts],
+                                             lakehouse=lakehouse, mlflow=False))
+    return sum(int(s["produced"]) for s in report.summaries)
+
+
+def run(sizes: list[int], *, skip_full: bool = False, log=print) -> list[Row]:
+    from bench.generate_bench import scale_for
+    from generators.generate import generate_trace
+    from generators.scenario import resolve_scenario
+    from pipelines.session import get_spark
+    from replay.policies import presets
+
+    spark = get_spark("replab-bench-spark", master="local[2]", shuffle_partitions=4)
+    pid = jvm_pid(spark)
+    everything = list(presets())
+    root = Path(tempfile.mkdtemp(prefix="replab-bench-spark-"))
+    scenario = resolve_scenario("steady-state")
+    rows: list[Row] = []
+    try:
+        warm = root / "warm"
+        generate_trace(spark, scenario, seed=1, scale=0.05, out=warm)
+        replay_core(spark, warm, everything, str(root / "warm-out"))
+        floor_job(spark, warm, str(root / "warm-floor"))
+        for size in sizes:
+            trace = root / f"trace-{size}"
+            result = generate_trace(spark, scenario, seed=1, scale=scale_for(scenario, size), out=trace)
+            jobs = [("floor", [], floor_job), (f"replay core: {ONE_POLICY}", [ONE_POLICY], replay_core),
+                    (f"replay core: all {len(everything)} presets", everything, replay_core)]
+            if not skip_full:
+                jobs += [(f"full replay: {ONE_POLICY}", [ONE_POLICY], full_replay),
+                         (f"full replay: all {len(everything)} presets", everything, full_replay)]
+            for i, (name, policies, job) in enumerate(jobs):
+                out = str(root / f"out-{size}-{i}")
+                n_policies = len(policies)
+                cpu0, t0 = cpu_seconds(pid), time.monotonic()
+                messages = job(spark, trace, out) if job is floor_job else job(spark, trace, policies, out)
+                seconds, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
+                row = Row(name, n_policies, result.events, messages, round(seconds, 2), round(cpu, 2),
+                          round(result.events / seconds), load_average(),
+                          round(vm_hwm_mb(pid), 1) if pid else None, worker_peak_mb(pid))
+                rows.append(row)
+                log(f"{row.events:>11,} events  {name:34s} {row.seconds:8.2f} s  cpu {row.cpu_seconds:8.2f} s  "
+                    f"{row.messages:>11,} outcome rows  load {row.load_avg_1m}")
+                shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(trace, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def ratios(rows: list[Row]) -> list[str]:
+    """The SPEC §10 ratios per trace size, on wall time and on CPU time."""
+    out = []
+    for events in sorted({r.events for r in rows}):
+        by = {r.job.split(":")[0] + (":1" if r.policies == 1 else ":all" if r.policies > 1 else ""): r
+              for r in rows if r.events == events}
+        floor, one, many = by.get("floor"), by.get("replay core:1"), by.get("replay core:all")
+        if floor and one:
+            out.append(f"{events:,} events: one policy / floor = {one.seconds / floor.seconds:.2f}× wall, "
+                       f"{one.cpu_seconds / floor.cpu_seconds:.2f}× CPU (target ≤ 1.25×)")
+        if one and many:
+            out.append(f"{events:,} events: all {many.policies} presets / one policy = "
+                       f"{many.seconds / one.seconds:.2f}× wall, {many.cpu_seconds / one.cpu_seconds:.2f}× CPU "
+                       "(target ≤ 2.5×)")
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| events | job | policies | seconds | CPU s | events/s | outcome rows | load avg |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.events:,} | {r.job} | {r.policies} | {r.seconds:.1f} | {r.cpu_seconds:.1f} | "
+                     f"{r.events_per_s:,.0f} | {r.messages:,} | {r.load_avg_1m:.1f} |")
+    return "\n".join(lines + [""] + [f"- {line}" for line in ratios(rows)])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.spark_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1e6", help="comma-separated event counts (default 1e6)")
+    parser.add_argument("--skip-full", action="store_true", help="only the floor and the replay core")
+    parser.add_argument("--json", default=None, metavar="FILE")
+    args = parser.parse_args(argv)
+    rows = run([int(float(s)) for s in args.sizes.split(",")], skip_full=args.skip_full)
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Stream-mode benchmark (SPEC §10: >= 200 000 events/s end to end in stream mode on local[2]).
+
+    python -m bench.stream_bench                              # 1 M events, kafka-acks1, 4 files per micro-batch
+    python -m bench.stream_bench --sizes 2e6 --policy kafka-durable --files-per-trigger 2 --json out.json
+
+Each size generates the `steady-state` scenario (6 brokers, keyed Zipf load, GC pauses) with --scale chosen so that
+the trace holds about that many events, in files of `--events-per-file` events, then replays it with
+`run_stream_replay` (`replab replay --mode stream`) on local[2] into a fresh lakehouse, after a warm-up replay of a
+small trace (the SparkSession start and the first Python workers are not counted). Reported:
+
+- end to end: events / wall seconds of the whole call (trace gate, stream, windows, output gate, Delta tables),
+  the figure SPEC §10 asks for;
+- stream: events / wall seconds from the first micro-batch's start to the end-of-trace micro-batch (source,
+  watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends);
+- per-CPU: events per CPU-second of this session's processes (driver, JVM, Python workers), since the machine may
+  be shared (the load average is printed): twice that figure is what local[2] reaches with both cores to itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.generate_bench import _cpu_seconds, scale_for
+from generators.generate import generate_trace
+from generators.scenario import resolve_scenario
+
+DEFAULT_SIZES = (1_000_000,)
+
+
+@dataclass(frozen=True)
+class StreamBenchRow:
+    target_events: int
+    events: int
+    files: int
+    files_per_trigger: int
+    policy: str
+    seconds: float
+    stream_seconds: float
+    micro_batches: int
+    events_per_s: float
+    stream_events_per_s: float
+    cpu_seconds: float
+    load_avg_1m: float
+
+    @property
+    def events_per_cpu_s(self) -> float:
+        return self.events / self.cpu_seconds if self.cpu_seconds else float("nan")
+
+
+def replay(spark, trace: Path, lakehouse: Path, policy: str, files_per_trigger: int) -> tuple[float, float, int]:
+    """(wall seconds of the whole replay, of its streaming part, micro-batches)."""
+    from pipelines.replay_job import ReplayRequest
+    from pipelines.stream_job import run_stream_replay
+    from replay.policies import parse_policy
+
+    marks: dict[str, float] = {}
+    batches = 0
+
+    def progress(text: str) -> None:
+        nonlocal batches
+        now = time.monotonic()
+        if text.startswith("stream replay of"):
+            marks["stream"] = now
+        elif text.startswith("micro-batch"):
+            batches += 1
+        elif text.startswith("the watermark passed"):
+            marks["end"] = now
+
+    started = time.monotonic()
+    run_stream_replay(spark, ReplayRequest(trace=str(trace), policies=[parse_policy(policy)],
+                                           lakehouse=str(lakehouse), mode="stream", mlflow=False),
+                      progress=progress, files_per_trigger=files_per_trigger)
+    return time.monotonic() - started, marks["end"] - marks["stream"], batches
+
+
+def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: int = 250_000,
+        files_per_trigger: int = 4, seed: int = 1, workdir: str | None = None, log=print) -> list[StreamBenchRow]:
+    from pipelines.session import get_spark
+
+    spark = get_spark("replab-bench-stream", master="local[2]", shuffle_partitions=2)
+    jvm_pid = getattr(getattr(spark.sparkContext._gateway, "proc", None), "pid", None)
+    sc = resolve_scenario("steady-state")
+    root = Path(workdir or tempfile.mkdtemp(prefix="replab-bench-stream-"))
+    rows = []
+    try:
+        warmup = root / "warmup"
+        generate_trace(spark, sc, seed=seed, scale=0.02, out=warmup, target_events_per_chunk=2000)
+        replay(spark, warmup, root / "warmup-lakehouse", policy, files_per_trigger)
+        for target in sizes:
+            trace = root / f"trace-{int(target)}"
+            result = generate_trace(spark, sc, seed=seed, scale=scale_for(sc, int(target)), out=trace,
+                                    target_events_per_chunk=events_per_file)
+            cpu_before = _cpu_seconds(jvm_pid)
+            seconds, stream_seconds, batches = replay(spark, trace, root / f"lakehouse-{int(target)}", policy,
+                                                      files_per_trigger)
+            row = StreamBenchRow(
+                target_events=int(target), events=result.events, files=len(result.chunks),
+                files_per_trigger=files_per_trigger, policy=policy, seconds=round(seconds, 2),
+                stream_seconds=round(stream_seconds, 2), micro_batches=batches,
+                events_per_s=round(result.events / seconds), stream_events_per_s=round(result.events / stream_seconds),
+                cpu_seconds=round(_cpu_seconds(jvm_pid) - cpu_before, 2), load_avg_1m=round(os.getloadavg()[0], 2))
+            rows.append(row)
+            log(f"{row.events:>12,} events  {row.policy}  end to end {row.seconds:7.1f} s = "
+                f"{row.events_per_s:,.0f} events/s  stream {row.stream_seconds:6.1f} s = "
+                f"{row.stream_events_per_s:,.0f} events/s  ({row.micro_batches} micro-batches of "
+                f"{row.files_per_trigger} files)  {row.events_per_cpu_s:,.0f} events per CPU-s  "
+                f"load {row.load_avg_1m}")
+            shutil.rmtree(trace)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def markdown(rows: list[StreamBenchRow]) -> str:
+    lines = ["| events | policy | files (per micro-batch) | end to end s | end-to-end events/s | stream s | "
+             "stream events/s | events per CPU-s | load avg |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.events:,} | {r.policy} | {r.files} ({r.files_per_trigger}) | {r.seconds:.1f} | "
+                     f"{r.events_per_s:,.0f} | {r.stream_seconds:.1f} | {r.stream_events_per_s:,.0f} | "
+                     f"{r.events_per_cpu_s:,.0f} | {r.load_avg_1m:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.stream_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=None, help="comma-separated event counts (default 1e6)")
+    parser.add_argument("--policy", default="kafka-acks1")
+    parser.add_argument("--events-per-file", type=int, default=250_000)
+    parser.add_argument("--files-per-trigger", type=int, default=4)
+    parser.add_argument("--workdir", default=None, help="where traces go (default: a temp folder, removed)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
+    rows = run(sizes, policy=args.policy, events_per_file=args.events_per_file,
+               files_per_trigger=args.files_per_trigger, workdir=args.workdir)
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
