@@ -16,11 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines import worker_imports
 from replay.events import PartitionEvents
 from replay.families import Layout, RouteInput, family_of
 from replay.policies import Policy
 from schemas.outcomes import NULL_US
 from schemas.trace import Kind
+
+# Executor code is imported first in a Python worker: from here on its tasks start without re-reading zips.
+worker_imports.install()
 
 # Row types of the replay output
 MESSAGE, STATE, UNAVAILABLE, UNIT = 0, 1, 2, 3
