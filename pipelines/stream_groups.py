@@ -1,0 +1,490 @@
+"""Executor side of the stream replay: routing of each micro-batch, and the stateful replay of each group.
+
+`route_stream` (mapInArrow, no state) turns source rows into grouped rows, as the batch job's routing and fan-out
+do: Kafka produces go to their partition (murmur2 or msg_id order, SPEC §3.2 rule 1; no fault is read), broker
+events go to every unit hosting the broker. Classes whose routing reads the fault timeline (the RocketMQ
+families, `replay/stream.py`) are one group per class, unit −1: their messages are routed inside the group once
+every fault routing may read for them has arrived. Every input row has exactly one *primary* copy, which the
+group that receives it counts (rows in, rows late); the end-of-trace marker and broker events no unit hosts go
+to the accounting group (−1, −1).
+
+`ReplayProcessor` (transformWithStateInPandas on RocksDB, keyed by (class, unit)) holds, per group, one
+`GroupReplay`: the events not yet fed (ts ≥ the feed frontier), the kernels of `pipelines/replay_groups._Group`
+with their carried state, and, for classes routed in state, the fault timeline seen so far. A micro-batch:
+
+1. rows behind the event-time watermark in force (ts_us < watermark) are late: dropped, counted, and returned as
+   LATE rows (the sink quarantines them);
+2. the rest join the buffer; the *feed frontier* F is the largest time below which no on-time row can still
+   arrive: max(watermark, (⌊own max event ms⌋ − allowed lateness) ms), since the next watermark is at least the
+   max event time Spark sees minus the lateness. Buffered events with ts < F (minus the routing horizon for
+   classes routed in state) are fed to the kernels in SPEC §2.2 order with `advance(events, F)`;
+3. the group state (pickled; kernels are plain numpy/Python objects) goes back to the state store.
+
+Every group registers one event-time timer at ⌊duration_us / 1000⌋ + 1 ms. The source's end marker moves the
+watermark past it, and the timer feeds what is left, finishes the kernels (fates are judged at the end of the
+trace, SPEC §4.1) and emits the group's message, state, interval and unit rows, exactly as `_Group.finish` does in
+batch mode. All groups finish in the same micro-batch, with the accounting group's END row.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from pipelines.replay_groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, _Group
+from pipelines.stream_source import END_KIND
+from replay.events import PartitionEvents
+from replay.families import RouteInput, family_of
+from replay.stream import reads_fault_timeline, routing_horizon_us
+from schemas.trace import KIND_LABELS, Kind
+
+# Row types beyond replay_groups' MESSAGE, STATE, UNAVAILABLE, UNIT
+STATS, LATE, END = 4, 5, 6
+ACCOUNTING = (-1, -1)
+END_CODE = len(KIND_LABELS)  # kind_code of the end-of-trace marker
+REPLICATE = int(Kind.REPLICATE)
+PRODUCE = int(Kind.PRODUCE)
+
+# null_mask bits: the trace columns that were null in the source row (a LATE row's raw text restores them)
+NULL_BITS = {"broker": 1, "msg_id": 2, "size_bytes": 4, "producer_id": 8, "upto_us": 16}
+FILLS = {"broker": -1, "msg_id": 0, "size_bytes": 0, "producer_id": -1, "upto_us": 0}
+
+ROUTED_STREAM_DDL = (
+    "class_id INT, unit INT, ts_us BIGINT, kind_code TINYINT, broker INT, upto_us BIGINT, msg_id BIGINT, "
+    "size_bytes INT, key STRING, producer_id INT, `partition` INT, delay_us BIGINT, msg_rank BIGINT, "
+    "is_primary BOOLEAN, null_mask TINYINT, file_idx INT, `row` BIGINT")
+ROUTED_SCHEMA = pa.schema([
+    ("class_id", pa.int32()), ("unit", pa.int32()), ("ts_us", pa.int64()), ("kind_code", pa.int8()),
+    ("broker", pa.int32()), ("upto_us", pa.int64()), ("msg_id", pa.int64()), ("size_bytes", pa.int32()),
+    ("key", pa.string()), ("producer_id", pa.int32()), ("partition", pa.int32()), ("delay_us", pa.int64()),
+    ("msg_rank", pa.int64()), ("is_primary", pa.bool_()), ("null_mask", pa.int8()), ("file_idx", pa.int32()),
+    ("row", pa.int64()),
+])
+#: The group key. Not `cls`: pyspark builds the key as Row(**columns), whose first parameter is named cls.
+GROUP_KEY = ("class_id", "unit")
+#: What the kernels read of an event (`replay_groups._Group._events`): the batch job's grouped columns.
+EVENT_COLUMNS = tuple(c for c in GROUPED_COLUMNS if c != "cls")
+#: What a group keeps of a buffered row: the event columns plus the rank (routing in state).
+BUFFER_COLUMNS = (*EVENT_COLUMNS, "msg_rank")
+BUFFER_SCHEMA = pa.schema([ROUTED_SCHEMA.field(c) for c in BUFFER_COLUMNS])
+
+_EXTRA_OUTPUT = [
+    ("kind_code", pa.int8()), ("broker", pa.int32()), ("upto_us", pa.int64()), ("size_bytes", pa.int32()),
+    ("null_mask", pa.int8()), ("file_idx", pa.int32()), ("row", pa.int64()), ("rows_in", pa.int64()),
+    ("rows_late", pa.int64()), ("max_event_us", pa.int64()), ("watermark_us", pa.int64()),
+]
+STREAM_OUTPUT_SCHEMA = pa.schema([*OUTPUT_SCHEMA, *_EXTRA_OUTPUT])
+STREAM_OUTPUT_DDL = OUTPUT_DDL + (
+    ", kind_code TINYINT, broker INT, upto_us BIGINT, size_bytes INT, null_mask TINYINT, file_idx INT, `row` BIGINT, "
+    "rows_in BIGINT, rows_late BIGINT, max_event_us BIGINT, watermark_us BIGINT")
+
+
+@dataclass
+class StreamPlan:
+    """What executors need (shipped in closures): the batch plan plus the stream's own settings."""
+
+    replay: ReplayPlan
+    allowed_lateness_ms: int
+    #: msg_rank = msg_id − rank_base (dense ids); or the index in `sorted_msg_ids` (a finite trace with gaps).
+    rank_base: int = 1
+    sorted_msg_ids: np.ndarray | None = None
+    #: (cls, unit, broker, primary): where broker events go (built by `fanout`)
+    fanout: list[tuple[int, int, int, bool]] = field(default_factory=list)
+
+    @property
+    def duration_us(self) -> int:
+        return self.replay.manifest.duration_us
+
+    @property
+    def end_timer_ms(self) -> int:
+        """Expiry of every group's end-of-trace timer: the first ms whose watermark is past duration_us."""
+        return self.duration_us // 1000 + 1
+
+    @property
+    def end_marker_us(self) -> int:
+        """Event time of the source's end marker: the watermark after it passes every end timer."""
+        return (self.end_timer_ms + 1 + self.allowed_lateness_ms) * 1000
+
+    def routed_in_state(self, cls: int) -> bool:
+        return reads_fault_timeline(self.replay.classes[cls].router[0])
+
+    def horizon_us(self, cls: int) -> int:
+        return max(routing_horizon_us(p) for _, p, _ in self.replay.classes[cls].members)
+
+
+def fanout(classes: list[RouteClass], broker_ids: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:
+    """Destinations of broker events: every unit hosting the broker (Kafka classes), the class group (classes
+    routed in state); the first destination of a broker carries its primary copy, the accounting group takes the
+    primary copy of brokers nobody hosts."""
+    out: list[tuple[int, int, int, bool]] = []
+    seen: set[int] = set()
+    for rc in classes:
+        policy, layout = rc.router
+        if reads_fault_timeline(policy):
+            dests = [(-1, b) for b in broker_ids]
+        else:
+            dests = [(u, b) for u in rc.units for b in layout.replicas[u]]
+        for unit, b in dests:
+            out.append((rc.index, unit, b, b not in seen))
+            seen.add(b)
+    out += [(*ACCOUNTING, b, True) for b in broker_ids if b not in seen]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ routing
+def _filled(batch: pa.RecordBatch, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+    col = batch.column(name)
+    return (pc.fill_null(col, FILLS[name]).to_numpy(zero_copy_only=False).astype(dtype),
+            pc.is_null(col).to_numpy(zero_copy_only=False))
+
+
+class _SourceRows:
+    """One source batch as filled numpy columns (nulls → FILLS, remembered in null_mask), ready to be copied out."""
+
+    def __init__(self, plan: StreamPlan, batch: pa.RecordBatch, labels: pa.Array) -> None:
+        n = batch.num_rows
+        code = pc.fill_null(pc.index_in(batch.column("kind"), value_set=labels), -1)
+        self.code = code.to_numpy(zero_copy_only=False).astype(np.int8)
+        cols: dict[str, np.ndarray] = {
+            "ts_us": batch.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64), "kind_code": self.code}
+        mask = np.zeros(n, dtype=np.int8)
+        for name, dtype in (("broker", np.int32), ("msg_id", np.int64), ("size_bytes", np.int32),
+                            ("producer_id", np.int32), ("upto_us", np.int64)):
+            cols[name], nulls = _filled(batch, name, dtype)
+            mask |= np.where(nulls, NULL_BITS[name], 0).astype(np.int8)
+        cols["null_mask"] = mask
+        if plan.sorted_msg_ids is not None:
+            cols["msg_rank"] = np.searchsorted(plan.sorted_msg_ids, cols["msg_id"]).astype(np.int64)
+        else:
+            cols["msg_rank"] = cols["msg_id"] - plan.rank_base
+        cols["file_idx"] = pc.fill_null(batch.column("file_idx"), -1).to_numpy(zero_copy_only=False)
+        cols["row"] = pc.fill_null(batch.column("row"), 0).to_numpy(zero_copy_only=False)
+        self.cols, self.keys = cols, batch.column("key")
+
+    def emit(self, rows: np.ndarray, cls, unit, primary, partition=None, delay=None) -> pa.RecordBatch:
+        """Rows `rows` for group (cls, unit); cls/unit/primary are scalars or per-row arrays."""
+        m = len(rows)
+        arrays = {name: pa.array(values[rows]) for name, values in self.cols.items()}
+        arrays["key"] = self.keys.take(pa.array(rows))
+        arrays["class_id"] = pa.array(np.broadcast_to(np.asarray(cls, dtype=np.int32), m))
+        arrays["unit"] = pa.array(np.broadcast_to(np.asarray(unit, dtype=np.int32), m))
+        arrays["is_primary"] = pa.array(np.broadcast_to(np.asarray(primary, dtype=bool), m))
+        arrays["partition"] = pa.array(np.full(m, -1, dtype=np.int32) if partition is None
+                                       else np.asarray(partition, dtype=np.int32))
+        arrays["delay_us"] = pa.array(np.zeros(m, dtype=np.int64) if delay is None
+                                      else np.asarray(delay, dtype=np.int64))
+        return pa.RecordBatch.from_arrays([arrays[f.name].cast(f.type) for f in ROUTED_SCHEMA], schema=ROUTED_SCHEMA)
+
+
+def route_stream(plan: StreamPlan):
+    """mapInArrow function: source rows (stream_source.SOURCE_DDL) → grouped rows (ROUTED_STREAM_DDL)."""
+    labels = pa.array([*KIND_LABELS, END_KIND])
+    fan = np.array(plan.fanout, dtype=np.int64).reshape(-1, 4)
+    known_brokers = np.unique(fan[:, 2])
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            src = _SourceRows(plan, batch, labels)
+            code = src.code
+            produce = np.flatnonzero(code == PRODUCE)
+            if len(produce):
+                for rc in plan.replay.classes:
+                    primary = rc.index == 0
+                    if plan.routed_in_state(rc.index):
+                        yield src.emit(produce, rc.index, -1, primary)
+                        continue
+                    policy, layout = rc.router
+                    routed = family_of(policy).route(
+                        policy, plan.replay.manifest, layout, PartitionEvents.empty(),
+                        RouteInput(src.cols["ts_us"][produce], src.cols["msg_rank"][produce],
+                                   src.keys.take(pa.array(produce))))
+                    yield src.emit(produce, rc.index, routed.unit, primary, routed.partition, routed.delay_us)
+            is_broker = (code >= 0) & (code < PRODUCE)
+            if is_broker.any():
+                broker = src.cols["broker"]
+                for c, u, b, p in fan:
+                    rows = np.flatnonzero(is_broker & (broker == b))
+                    if len(rows):
+                        yield src.emit(rows, c, u, bool(p))
+                unknown = np.flatnonzero(is_broker & ~np.isin(broker, known_brokers))
+                if len(unknown):  # the trace gate names them; counted here so that rows_in stays exact
+                    yield src.emit(unknown, *ACCOUNTING, True)
+            other = np.flatnonzero((code < 0) | (code == END_CODE))
+            if len(other):  # the end marker, and unknown kinds (counted; the trace gate names them)
+                yield src.emit(other, *ACCOUNTING, code[other] != END_CODE)
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------ groups
+def _sort_events(table: pa.Table) -> pa.Table:
+    """SPEC §2.2 order within a group, as the batch job sorts: time, kind, msg_id, broker (then upto: stable)."""
+    if table.num_rows <= 1:
+        return table
+    return table.sort_by([("ts_us", "ascending"), ("kind_code", "ascending"), ("msg_id", "ascending"),
+                          ("broker", "ascending"), ("upto_us", "ascending")])
+
+
+def _concat(a: pa.Table | None, b: pa.Table | None) -> pa.Table | None:
+    parts = [t for t in (a, b) if t is not None and t.num_rows]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+
+def _split(table: pa.Table | None, before_us: int) -> tuple[pa.Table | None, pa.Table | None]:
+    if table is None:
+        return None, None
+    early = pc.less(table.column("ts_us"), before_us)
+    return table.filter(early), table.filter(pc.invert(early))
+
+
+class GroupReplay:
+    """The state of one stream group (class, unit): see the module docstring. Pickled between micro-batches."""
+
+    def __init__(self, plan: StreamPlan, cls: int, unit: int) -> None:
+        self.cls, self.unit = cls, unit
+        self.routed_in_state = plan.routed_in_state(cls)
+        self.horizon_us = plan.horizon_us(cls) if self.routed_in_state else 0
+        self.buffer: pa.Table | None = None  # BUFFER_COLUMNS, not yet fed
+        self.max_event_us = -1  # of this group's on-time rows
+        self.frontier_us = 0  # no on-time row can arrive with ts_us below it
+        self.fed_us = 0  # the kernels have applied everything before it
+        self.control = PartitionEvents.empty()  # routed in state: the faults with ts_us < frontier_us
+        self.groups: dict[int, _Group] = {}
+        self._plan: StreamPlan | None = plan
+
+    # -------------------------------------------------------------------------------- (de)serialization
+    def dumps(self) -> bytes:
+        plan, self._plan = self._plan, None
+        refs = {u: (g.plan, g.rc) for u, g in self.groups.items()}
+        for g in self.groups.values():
+            g.plan = g.rc = None  # shipped with the processor, not with every state value
+        try:
+            return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            self._plan = plan
+            for u, (p, rc) in refs.items():
+                self.groups[u].plan, self.groups[u].rc = p, rc
+
+    @classmethod
+    def loads(cls, blob: bytes, plan: StreamPlan) -> GroupReplay:
+        state: GroupReplay = pickle.loads(blob)
+        state._plan = plan
+        for g in state.groups.values():
+            g.plan, g.rc = plan.replay, plan.replay.classes[state.cls]
+        return state
+
+    # -------------------------------------------------------------------------------- feeding
+    def add(self, rows: pa.Table) -> None:
+        """On-time rows of this micro-batch (BUFFER_COLUMNS)."""
+        if rows.num_rows:
+            self.max_event_us = max(self.max_event_us, int(pc.max(rows.column("ts_us")).as_py()))
+            self.buffer = _concat(self.buffer, rows)
+
+    def advance(self, watermark_us: int) -> None:
+        plan = self._plan
+        own = (self.max_event_us // 1000 - plan.allowed_lateness_ms) * 1000 if self.max_event_us >= 0 else 0
+        frontier = max(self.frontier_us, watermark_us, own)
+        self._feed(frontier)
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """Feed everything, finish every kernel: the group's outputs in OUTPUT_SCHEMA."""
+        self._feed(None)
+        for unit in sorted(self.groups):
+            yield from self.groups[unit].finish()
+
+    def _group(self, unit: int) -> _Group:
+        g = self.groups.get(unit)
+        if g is None:
+            plan = self._plan.replay
+            g = self.groups[unit] = _Group(plan, plan.classes[self.cls], unit)
+        return g
+
+    def _feed(self, frontier: int | None) -> None:
+        """Confirm the faults before `frontier`, feed the kernels everything before it (None: the trace ended)."""
+        final = frontier is None
+        if self.routed_in_state:
+            self._confirm_faults(frontier)
+        if final:
+            ready, self.buffer = self.buffer, None
+            upto = None
+        else:
+            self.frontier_us = frontier
+            upto = max(self.fed_us, frontier - self.horizon_us)
+            ready, self.buffer = _split(self.buffer, upto)
+        per_unit = self._route(ready) if self.routed_in_state else ({self.unit: ready} if ready is not None else {})
+        for unit, rows in per_unit.items():
+            if rows is None or not rows.num_rows:
+                continue
+            g = self._group(unit)
+            rows = _sort_events(rows.select(list(EVENT_COLUMNS)))
+            if final:
+                g.held = rows  # _Group.finish feeds the held rows up to duration_us + 1
+            else:
+                events = g._events(rows)
+                for _, kernel in g.kernels:
+                    kernel.advance(events, upto)
+        if upto is not None:
+            self.fed_us = upto
+
+    def _confirm_faults(self, frontier: int | None) -> None:
+        """Add the buffered faults the frontier has passed to the timeline routing reads."""
+        if self.buffer is None:
+            return
+        code = self.buffer.column("kind_code")
+        new = pc.and_(pc.less(code, REPLICATE), pc.greater_equal(self.buffer.column("ts_us"), self.frontier_us))
+        if frontier is not None:
+            new = pc.and_(new, pc.less(self.buffer.column("ts_us"), frontier))
+        faults = self.buffer.filter(new)
+        if not faults.num_rows:
+            return
+
+        def arr(name: str, dtype) -> np.ndarray:
+            return faults.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+        c = self.control
+        z = np.zeros(0, dtype=np.int64)
+        self.control = PartitionEvents(
+            z, z, z, np.concatenate([c.broker_ts, arr("ts_us", np.int64)]),
+            np.concatenate([c.broker_kind, arr("kind_code", np.int8)]),
+            np.concatenate([c.broker_id, arr("broker", np.int64)]),
+            np.zeros(len(c.broker_ts) + faults.num_rows, dtype=np.int64)).sorted()
+
+    def _route(self, ready: pa.Table | None) -> dict[int, pa.Table]:
+        """Classes routed in state: produces to their unit (with the fault timeline confirmed so far), broker events
+        to every unit that hosts the broker."""
+        if ready is None or not ready.num_rows:
+            return {}
+        plan = self._plan.replay
+        rc = plan.classes[self.cls]
+        policy, layout = rc.router
+        is_produce = pc.equal(ready.column("kind_code"), PRODUCE)
+        produce, brokers = ready.filter(is_produce), ready.filter(pc.invert(is_produce))
+        parts: dict[int, list[pa.Table]] = {}
+        if produce.num_rows:
+            routed = family_of(policy).route(
+                policy, plan.manifest, layout, self.control,
+                RouteInput(produce.column("ts_us").to_numpy().astype(np.int64),
+                           produce.column("msg_rank").to_numpy().astype(np.int64), produce.column("key")))
+            unit = np.asarray(routed.unit, dtype=np.int32)
+            delay = routed.delay_us if routed.delay_us is not None else np.zeros(len(unit), dtype=np.int64)
+            produce = (produce.set_column(produce.schema.get_field_index("unit"), "unit", pa.array(unit))
+                       .set_column(produce.schema.get_field_index("partition"), "partition",
+                                   pa.array(np.asarray(routed.partition, dtype=np.int32)))
+                       .set_column(produce.schema.get_field_index("delay_us"), "delay_us",
+                                   pa.array(np.asarray(delay, dtype=np.int64))))
+            for u in np.unique(unit).tolist():
+                parts.setdefault(int(u), []).append(produce.filter(pa.array(unit == u)))
+        if brokers.num_rows:
+            bid = brokers.column("broker")
+            for u in rc.units:
+                mine = brokers.filter(pc.is_in(bid, pa.array(layout.replicas[u], pa.int32())))
+                if mine.num_rows:
+                    parts.setdefault(u, []).append(mine)
+        return {u: pa.concat_tables(ts) for u, ts in parts.items()}
+
+
+# ------------------------------------------------------------------------------------------------ processor
+def _output_frame(batches: list[pa.RecordBatch]) -> pd.DataFrame:
+    """Output rows as pandas, with nullable integer columns kept exact (no float round trip)."""
+    full = []
+    for b in batches:
+        names = set(b.schema.names)
+        full.append(pa.RecordBatch.from_arrays(
+            [b.column(f.name) if f.name in names else pa.nulls(b.num_rows, f.type) for f in STREAM_OUTPUT_SCHEMA],
+            schema=STREAM_OUTPUT_SCHEMA))
+    table = pa.Table.from_batches(full, schema=STREAM_OUTPUT_SCHEMA)
+    return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+
+
+_PANDAS_TYPES = {pa.int8(): pd.Int8Dtype(), pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(),
+                 pa.bool_(): pd.BooleanDtype()}
+
+
+def _rows(n: int, rtype: int, unit: int, **cols) -> pa.RecordBatch:
+    """`n` rows of a stream-only row type (STATS, LATE, END); columns not given are null."""
+    arrays: dict[str, pa.Array] = {"policy_idx": pa.array(np.full(n, -1, dtype=np.int32)),
+                                   "rtype": pa.array(np.full(n, rtype, dtype=np.int8)),
+                                   "unit": pa.array(np.full(n, unit, dtype=np.int32))}
+    for name, values in cols.items():
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        typ = STREAM_OUTPUT_SCHEMA.field(name).type
+        arrays[name] = values.cast(typ) if isinstance(values, pa.Array) else pa.array(values, typ)
+    return pa.RecordBatch.from_arrays([arrays.get(f.name, pa.nulls(n, f.type)) for f in STREAM_OUTPUT_SCHEMA],
+                                      schema=STREAM_OUTPUT_SCHEMA)
+
+
+class ReplayProcessor(StatefulProcessor):
+    """transformWithStateInPandas processor over (cls, unit) groups: see the module docstring."""
+
+    def __init__(self, plan: StreamPlan) -> None:
+        self.plan = plan
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.state = handle.getValueState("replay", StructType([StructField("blob", BinaryType(), True)]))
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        cls, unit = int(key[0]), int(key[1])
+        watermark_us = max(0, int(timerValues.getCurrentWatermarkInMs())) * 1000
+        frames = [pdf for pdf in rows if len(pdf)]
+        if not frames:
+            return
+        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0],
+                                     schema=ROUTED_SCHEMA, preserve_index=False)
+        code = table.column("kind_code").to_numpy(zero_copy_only=False)
+        ts = table.column("ts_us").to_numpy(zero_copy_only=False)
+        primary = table.column("is_primary").to_numpy(zero_copy_only=False)
+        event = (code >= 0) & (code != END_CODE)
+        late = event & (ts < watermark_us)
+        counted = primary & (code != END_CODE)  # unknown kinds are counted too: the trace gate names them
+        out = [_rows(1, STATS, unit, rows_in=[int(counted.sum())], rows_late=[int((counted & late).sum())],
+                     max_event_us=[int(ts[event].max()) if event.any() else None], watermark_us=[watermark_us])]
+        reported = np.flatnonzero(counted & late)
+        if len(reported):
+            lt = table.take(pa.array(reported))
+            out.append(_rows(len(reported), LATE, unit, **{c: lt.column(c) for c in (
+                "ts_us", "kind_code", "broker", "upto_us", "msg_id", "key", "size_bytes", "producer_id",
+                "null_mask", "file_idx", "row")}))
+        if (cls, unit) == ACCOUNTING:
+            if (code == END_CODE).any():
+                self.handle.registerTimer(self.plan.end_timer_ms)
+            yield _output_frame(out)
+            return
+        ontime = table.filter(pa.array(event & ~late)).select(list(BUFFER_COLUMNS))
+        if self.state.exists():
+            group = GroupReplay.loads(self.state.get()[0], self.plan)
+        else:
+            group = GroupReplay(self.plan, cls, unit)
+            self.handle.registerTimer(self.plan.end_timer_ms)
+        group.add(ontime)
+        group.advance(watermark_us)
+        self.state.update((group.dumps(),))
+        yield _output_frame(out)
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+        cls, unit = int(key[0]), int(key[1])
+        watermark_us = max(0, int(timerValues.getCurrentWatermarkInMs())) * 1000
+        out = [_rows(1, STATS, unit, rows_in=[0], rows_late=[0], watermark_us=[watermark_us])]
+        if (cls, unit) == ACCOUNTING:
+            out.append(_rows(1, END, unit))
+        elif self.state.exists():
+            group = GroupReplay.loads(self.state.get()[0], self.plan)
+            out.extend(group.finish())
+            self.state.clear()
+        yield _output_frame(out)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,422 @@
+"""Stream mode (pipelines/stream_job.py): the batch replay's results, through Spark Structured Streaming.
+
+- Routing in state reads the fault timeline only up to the routing horizon (replay/stream.py): no Spark.
+- Core queries (source → watermark → routing → transformWithStateInPandas), several at once on the session: on
+  golden scenarios, on a chaos trace under every preset, and with files arriving out of time order within the
+  allowed lateness, the kernels' rows equal the batch job's (`replay_frames`) row for row.
+- End to end (`run_stream_replay`): rows behind the watermark are counted in `watermarks.rows_late` and
+  quarantined, the rest equals batch mode on the trace without them; a `python -m pipelines replay --mode
+  stream` killed with SIGKILL after a micro-batch and restarted from its checkpoint ends with every run table
+  equal to batch mode's, each micro-batch's watermarks row once.
+
+Traces are tiny and split into a few files; one micro-batch per file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.replay_job import ReplayRequest, policy_runs, replay_frames
+from pipelines.trace_loader import read_events_arrow, read_events_spark
+from replay.policies import parse_policy
+from schemas.trace import KIND_LABELS
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = REPO / "tests" / "scenarios"
+ALL_GOLDEN = sorted(p.name for p in SCENARIOS.iterdir() if (p / "expected.json").is_file())
+# In CI: an isolated zombie leader and a DLedger group losing its quorum (the chaos trace covers the other fault
+# kinds and families); the slow suite streams every golden scenario.
+GOLDEN = ["k10-zombie-leader", "d5-dledger-quorum-loss"]
+CHAOS_PRESETS = ["kafka-acks1", "kafka-durable", "kafka-unclean", "rocketmq-async", "rocketmq-sync",
+                 "rocketmq-ordered", "dledger-3", "rocketmq-controller"]
+TIMEOUT_S = 900
+
+pytestmark = pytest.mark.spark
+
+
+# ------------------------------------------------------------------------------------------------ traces
+def spec_order(table: pa.Table) -> pa.Table:
+    """Events in SPEC §2.2 order (time, kind, msg_id, broker): the order of a generator's files."""
+    kind = pc.index_in(table.column("kind"), value_set=pa.array(KIND_LABELS))
+    keyed = table.append_column("_k", kind)
+    return keyed.sort_by([("ts_us", "ascending"), ("_k", "ascending"), ("msg_id", "ascending"),
+                          ("broker", "ascending")]).drop_columns(["_k"])
+
+
+def write_stream_trace(manifest, parts: list[pa.Table], folder: Path) -> Path:
+    """A complete trace whose events/ holds one Parquet file per part, in this order (names sort as listed), and
+    the `_COMPLETE` marker generators write last."""
+    manifest.write(folder)
+    (folder / "events").mkdir(parents=True)
+    for i, part in enumerate(parts):
+        pq.write_table(part, folder / "events" / f"part-{i:06d}.parquet")
+    (folder / "events" / "_COMPLETE").write_text(json.dumps({"files": len(parts)}))
+    return folder
+
+
+def split(table: pa.Table, files: int) -> list[pa.Table]:
+    step = -(-table.num_rows // files)
+    return [table.slice(i * step, step) for i in range(files)]
+
+
+def from_golden(name: str, folder: Path, files: int = 2) -> Path:
+    manifest, table = read_events_arrow(SCENARIOS / name)
+    return write_stream_trace(manifest, split(spec_order(table), files), folder)
+
+
+def policies_of(name: str) -> list[Any]:
+    return [parse_policy(c["policy"]) for c in json.loads((SCENARIOS / name / "expected.json").read_text())]
+
+
+# ------------------------------------------------------------------------------------------------ core queries
+@dataclass
+class CoreRun:
+    """One stream replay query without gate and lakehouse: its micro-batches' rows, collected in memory."""
+
+    name: str
+    trace: Path
+    policies: list[Any]
+    lateness_ms: int = 0
+    batches: list[pa.Table] = field(default_factory=list)
+    query: Any = None
+    runs: Any = None
+
+    def start(self, spark, checkpoint: Path) -> None:
+        from pipelines.stream_job import is_complete, replay_stream, stream_plan
+        from pipelines.trace_loader import locate
+
+        complete, as_is = is_complete(locate(self.trace))
+        assert complete
+        manifest, table = read_events_arrow(self.trace)
+        self.runs = policy_runs(self.policies, manifest)
+        ids = table.filter(pc.equal(table.column("kind"), "produce")).column("msg_id")
+        plan = stream_plan(manifest, self.runs, 1000, self.lateness_ms, rank_base=int(pc.min(ids).as_py()))
+        stream = replay_stream(spark, str(self.trace / "events"), plan, complete_as_is=as_is)
+
+        def collect(df, batch_id: int) -> None:
+            self.batches.append(df.toArrow())
+            del batch_id
+
+        self.query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+                      .trigger(processingTime="0 seconds").start())
+
+    @property
+    def done(self) -> bool:
+        from pipelines.stream_groups import END
+
+        return any(pc.any(pc.equal(b.column("rtype"), END)).as_py() for b in self.batches if b.num_rows)
+
+    def rows(self, rtypes: tuple[int, ...]) -> pa.Table:
+        t = pa.concat_tables([b for b in self.batches if b.num_rows])
+        return t.filter(pc.is_in(t.column("rtype"), pa.array(rtypes, pa.int8())))
+
+
+def run_all(spark, runs: list[CoreRun], root: Path, at_once: int = 3) -> None:
+    """Run the queries, `at_once` at a time (each query starts a Python process for its source on the driver;
+    many at once on a loaded 2-core machine miss Spark's connect-back timeout)."""
+    pending = list(enumerate(runs))
+    active: list[CoreRun] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while pending or active:
+            for r in active:
+                if not r.query.isActive and not r.done:
+                    raise AssertionError(f"{r.name}: query ended early: {r.query.exception()}")
+            for r in [r for r in active if r.done]:
+                r.query.stop()
+                active.remove(r)
+            while pending and len(active) < at_once:
+                i, r = pending.pop(0)
+                r.start(spark, root / f"ckpt-{i}")
+                active.append(r)
+            assert time.monotonic() < deadline, [r.name for r in active]
+            time.sleep(0.5)
+    finally:
+        for r in runs:
+            if r.query is not None and r.query.isActive:
+                r.query.stop()
+
+
+def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -> None:
+    """The stream's message, state and interval rows (and replication bytes) equal batch mode's, row for row."""
+    from pyspark.testing import assertDataFrameEqual
+
+    from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from pipelines.stream_job import frames_from_raw
+
+    manifest, events = read_events_spark(spark, batch_trace or run.trace)
+    batch = replay_frames(spark, manifest, events, run.runs)
+    try:
+        raw = spark.createDataFrame(run.rows((MESSAGE, STATE, UNAVAILABLE, UNIT)))
+        msgs, states, gaps, replication_bytes = frames_from_raw(spark, run.runs, raw)
+        assertDataFrameEqual(msgs, batch.message_outcomes)
+        assertDataFrameEqual(states, batch.partition_states)
+        assertDataFrameEqual(gaps, batch.unavailability)
+        assert replication_bytes == batch.replication_bytes
+    finally:
+        batch.release()
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    from bench.dledger_vs_kafka import load_trace
+
+    return load_trace("chaos", seed=3, scale=0.01)
+
+
+@pytest.fixture(scope="module")
+def core_runs(spark, chaos, tmp_path_factory) -> dict[str, CoreRun]:
+    """Every core query of this module, run at once (streaming queries share the session's two cores)."""
+    root = tmp_path_factory.mktemp("stream-core")
+    runs = [CoreRun(name, from_golden(name, root / name), policies_of(name)) for name in GOLDEN]
+    manifest, table = chaos
+    runs.append(CoreRun("chaos", write_stream_trace(manifest, split(spec_order(table), 4), root / "chaos"),
+                        [parse_policy(p) for p in CHAOS_PRESETS]))
+    # Out of order: the third quarter of the trace arrives after the fourth. The watermark after the fourth is
+    # its max event time minus the lateness: a lateness past the third quarter's start admits every row.
+    parts = split(spec_order(table), 4)
+    late_span_ms = int(pc.max(parts[3].column("ts_us")).as_py()) // 1000 - \
+        int(pc.min(parts[2].column("ts_us")).as_py()) // 1000
+    runs.append(CoreRun("out-of-order", write_stream_trace(manifest, [parts[0], parts[1], parts[3], parts[2]],
+                                                           root / "out-of-order"),
+                        [parse_policy("kafka-durable"), parse_policy("dledger-3")], lateness_ms=late_span_ms + 1))
+    # A generated trace as `replab generate` writes it (several files, then events/_COMPLETE).
+    from generators.generate import generate_trace
+    from generators.scenario import resolve_scenario
+
+    steady = root / "steady-state"
+    generate_trace(spark, resolve_scenario("steady-state"), seed=1, scale=0.02, out=steady,
+                   target_events_per_chunk=1500)
+    runs.append(CoreRun("steady-state", steady, [parse_policy("kafka-acks1"), parse_policy("rocketmq-sync")]))
+    run_all(spark, runs, root)
+    return {r.name: r for r in runs}
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_routing_in_state_reads_faults_only_up_to_the_horizon(chaos):
+    """What replay/stream.py promises: a message routed with the faults up to send + horizon is routed as with all
+    of them (so routing on the faults seen so far is exact once the watermark passes send + horizon)."""
+    from replay.events import split_trace_table
+    from replay.families import RouteInput, family_of
+    from replay.local import control_events, msg_rank
+    from replay.stream import routing_horizon_us
+
+    manifest, table = chaos
+    produce, events = split_trace_table(table)
+    control = control_events(events)
+    rank = msg_rank(produce["msg_id"])
+    assert len(control.broker_ts) >= 5
+    for spec in ("rocketmq-async", "rocketmq:ordered=true", "dledger-3", "rocketmq-controller"):
+        policy = parse_policy(spec)
+        fam = family_of(policy)
+        layout = fam.layout(policy, manifest)
+        full = fam.route(policy, manifest, layout, control, RouteInput(produce["ts_us"], rank, list(produce["key"])))
+        horizon = routing_horizon_us(policy)
+        for cut in control.broker_ts[::2]:  # a timeline that ends right at a fault
+            seen = control.slice_time(0, int(cut))
+            send = produce["ts_us"] + horizon < cut
+            part = fam.route(policy, manifest, layout, seen, RouteInput(produce["ts_us"][send], rank[send],
+                                                                         list(produce["key"][send])))
+            assert np.array_equal(part.unit, full.unit[send]), spec
+            assert np.array_equal(part.partition, full.partition[send]), spec
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_scenarios_stream_equals_batch(spark, core_runs, name):
+    assert_same_as_batch(spark, core_runs[name])
+
+
+@pytest.fixture(scope="module")
+def all_golden_runs(spark, tmp_path_factory) -> dict[str, CoreRun]:
+    root = tmp_path_factory.mktemp("stream-golden")
+    runs = [CoreRun(name, from_golden(name, root / name), policies_of(name)) for name in ALL_GOLDEN]
+    run_all(spark, runs, root)
+    return {r.name: r for r in runs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL_GOLDEN)
+def test_every_golden_scenario_stream_equals_batch(spark, all_golden_runs, name):
+    assert_same_as_batch(spark, all_golden_runs[name])
+
+
+def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
+    run = core_runs["chaos"]
+    stats = run.rows((4,))
+    assert sum(stats.column("rows_late").to_pylist()) == 0
+    assert sum(stats.column("rows_in").to_pylist()) == read_events_arrow(run.trace)[1].num_rows
+    assert len([b for b in run.batches if b.num_rows]) >= 5  # four files, then the end-of-trace timers
+    assert_same_as_batch(spark, run)
+
+
+def test_generated_trace_stream_equals_batch(spark, core_runs):
+    run = core_runs["steady-state"]
+    assert (run.trace / "events" / "_COMPLETE").is_file()
+    assert len(list((run.trace / "events").glob("part-*.parquet"))) >= 3
+    assert_same_as_batch(spark, run)
+
+
+def test_out_of_order_within_the_allowed_lateness_equals_batch(spark, core_runs):
+    run = core_runs["out-of-order"]
+    assert sum(run.rows((4,)).column("rows_late").to_pylist()) == 0
+    assert_same_as_batch(spark, run)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@dataclass
+class LateTrace:
+    """The chaos trace in five files, the fourth arriving after the fifth: part of it is behind the watermark."""
+
+    trace: Path  # what the stream reads
+    reference: Path  # the same trace without the late rows (batch mode's input for the expected tables)
+    lateness_ms: int
+    late_file: Path
+    late_rows: list[int]  # 1-based rows of late_file that are behind the watermark when it arrives
+    late_raw: list[dict[str, Any]]
+    rows: int
+
+
+@pytest.fixture(scope="module")
+def late_trace(chaos, tmp_path_factory) -> LateTrace:
+    """Broker events of the trace's fourth fifth arrive after its last fifth. Only broker events: a produce dropped
+    as late would also shift the msg_id ranks (round-robin routing) of a batch replay of the trace without it,
+    which the stream, ranking messages over the whole trace, does not do."""
+    manifest, table = chaos
+    parts = split(spec_order(table), 5)
+    is_produce = pc.equal(parts[3].column("kind"), "produce")
+    behind = parts[3].filter(pc.invert(is_produce))
+    in_order = [parts[0], parts[1], pa.concat_tables([parts[2], parts[3].filter(is_produce)]), parts[4]]
+    # The watermark when `behind` arrives: max event time so far (ms) minus the lateness. Half of the gap admits
+    # the later part of the file and leaves its earlier part behind the watermark.
+    max_ms = int(pc.max(parts[4].column("ts_us")).as_py()) // 1000
+    gap_ms = max_ms - int(pc.min(behind.column("ts_us")).as_py()) // 1000
+    lateness_ms = gap_ms // 2
+    late = behind.column("ts_us").to_numpy() < (max_ms - lateness_ms) * 1000
+    assert 0 < late.sum() < len(late)
+    root = tmp_path_factory.mktemp("late")
+    trace = write_stream_trace(manifest, [*in_order, behind], root / "trace")
+    kept = pa.concat_tables([*in_order, behind.filter(pa.array(~late))])
+    reference = write_stream_trace(manifest, [spec_order(kept)], root / "reference")
+    late_rows = (np.flatnonzero(late) + 1).tolist()
+    raw = behind.filter(pa.array(late)).to_pylist()
+    return LateTrace(trace, reference, lateness_ms, trace / "events" / "part-000004.parquet", late_rows, raw,
+                     table.num_rows)
+
+
+def kill_after_micro_batch(args: list[str], env: dict[str, str], cwd: Path, batch: int, timeout_s: float) -> str:
+    """Run `args`; SIGKILL its whole process group (Python driver, JVM, workers) once it logs micro-batch `batch`."""
+    import queue
+    import threading
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            if line is None:
+                raise AssertionError(f"the replay ended before micro-batch {batch}:\n{''.join(seen)}")
+            seen.append(line)
+            if f"micro-batch {batch}:" in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    return "".join(seen)
+
+
+def batch_tables(spark, trace: Path, policies: list[Any]) -> dict[str, Any]:
+    """Batch mode's run tables for `trace` (replay_frames, then publish's derivation), not written anywhere."""
+    from pipelines.publish import ReplayResults, derive_tables
+    from pipelines.replay_job import run_infos, run_records
+
+    manifest, events = read_events_spark(spark, trace)
+    runs = policy_runs(policies, manifest)
+    frames = replay_frames(spark, manifest, events, runs)
+    results = ReplayResults(run_records(runs, manifest.trace_id, "batch"),
+                            run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
+                            frames.partition_states, frames.unavailability, events)
+    return derive_tables(spark, results)
+
+
+RUN_TABLES = ("message_outcomes", "partition_states", "unavailability", "committed_offsets", "loss_metrics",
+              "run_summary")
+
+
+def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(spark, late_trace, tmp_path):
+    """SIGKILL after micro-batch 1, restart from the checkpoint: every run table equals batch mode on the trace
+    without the late rows; the late rows are counted once per run and quarantined once, with their reason."""
+    from pyspark.sql import functions as F
+    from pyspark.testing import assertDataFrameEqual
+
+    from pipelines.lakehouse import Lakehouse, in_predicate
+    from pipelines.stream_job import LATE_RULE, run_stream_replay
+
+    specs = ["kafka-durable", "dledger-3"]
+    policies = [parse_policy(p) for p in specs]
+    lakehouse, checkpoint = tmp_path / "lakehouse", tmp_path / "checkpoint"
+    cli = [sys.executable, "-m", "pipelines", "replay", "--trace", str(late_trace.trace), "--mode", "stream",
+           "--lakehouse", str(lakehouse), "--checkpoint", str(checkpoint), "--no-mlflow",
+           "--allowed-lateness-ms", str(late_trace.lateness_ms), *[a for p in specs for a in ("--policy", p)]]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "REPLAB_SPARK_MASTER": "local[2]",
+           "REPLAB_WAREHOUSE_DIR": str(tmp_path / "warehouse"), "REPLAB_DRIVER_MEMORY": "1g"}
+    kill_after_micro_batch(cli, env, tmp_path, batch=1, timeout_s=TIMEOUT_S)
+    assert not json.loads((checkpoint / "stream.json").read_text())["published"]  # killed mid-way
+
+    report = run_stream_replay(spark, ReplayRequest(
+        trace=str(late_trace.trace), policies=policies, lakehouse=str(lakehouse), mode="stream", mlflow=False,
+        checkpoint=str(checkpoint), allowed_lateness_ms=late_trace.lateness_ms))
+    run_ids = [r.run_id for r in report.runs]
+    duration_us = read_events_arrow(late_trace.trace)[0].duration_us
+    lh = Lakehouse(lakehouse, spark)
+    mine = in_predicate("run_id", run_ids)
+
+    expected = batch_tables(spark, late_trace.reference, policies)
+    try:
+        for name in RUN_TABLES:
+            assertDataFrameEqual(lh.read(name).where(mine), lh.conform(name, expected[name]))
+    finally:
+        for df in expected.values():
+            df.unpersist()
+
+    runs = {r["run_id"]: r for r in lh.read("runs").where(mine).collect()}
+    assert {(r["mode"], r["status"]) for r in runs.values()} == {("stream", "succeeded")}
+    marks = lh.read("watermarks").where(mine).collect()
+    for run_id in run_ids:
+        rows = sorted((r for r in marks if r["run_id"] == run_id), key=lambda r: r["batch"])
+        assert len({r["batch"] for r in rows}) == len(rows) >= 6  # each micro-batch once: 5 files, the end
+        assert sum(r["rows_in"] for r in rows) == late_trace.rows
+        assert sum(r["rows_late"] for r in rows) == len(late_trace.late_rows)
+        assert [r["watermark_us"] for r in rows] == sorted(r["watermark_us"] for r in rows)
+        assert rows[-1]["watermark_us"] > duration_us  # the end marker moved it past the end of the trace
+    late = lh.read("quarantine").where(mine).where(F.col("rule") == LATE_RULE).collect()
+    assert sorted((r["run_id"], r["file"], r["row"]) for r in late) == sorted(
+        (run_id, str(late_trace.late_file), row) for run_id in run_ids for row in late_trace.late_rows)
+    raw = {(r["run_id"], r["row"]): json.loads(r["raw"]) for r in late}
+    assert [raw[(run_ids[0], row)] for row in late_trace.late_rows] == late_trace.late_raw
