@@ -384,7 +384,8 @@ def cli(args: argparse.Namespace) -> int:
 
     from pipelines.session import get_spark
 
-    console = Console()
+    # Piped output (CI logs, spark-submit) gets a wide console, so that the table's columns stay readable.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     request = SweepRequest(
         scenario=args.scenario, seeds=args.seeds, policies=args.policies, scale=args.scale,
         first_seed=args.first_seed, out=args.out, lakehouse=args.lakehouse, window_ms=args.window_ms,
