@@ -366,7 +366,9 @@ class KafkaPartitionReplay:
         if rep_valid.any():
             rb = seg["broker"]
             ok_b = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
-            bi = np.array([self.ix.get(int(b), -1) for b in rb], dtype=np.int64)
+            bi = np.full(len(rb), -1, dtype=np.int64)  # replica index of each report's broker (few replicas)
+            for i, b in enumerate(self.order):
+                bi[rb == b] = i
             rep_valid &= (bi >= 0) & ok_b[np.maximum(bi, 0)]
         lead_app = self.lead_app.view
         if to_leader and appended.any():
