@@ -1,10 +1,12 @@
 """Executor side of the stream replay: routing of each micro-batch, and the stateful replay of each group.
 
-`route_stream` (mapInArrow, no state) turns source rows into grouped rows, as the batch job's routing and fan-out
-do: Kafka produces go to their partition (murmur2 or msg_id order, SPEC §3.2 rule 1; no fault is read), broker
-events go to every unit hosting the broker. Classes whose routing reads the fault timeline (the RocketMQ
-families, `replay/stream.py`) are one group per class, unit −1: their messages are routed inside the group once
-every fault routing may read for them has arrived. Every input row has exactly one *primary* copy, which the
+`Router` (no state; run by the source as it reads each file) turns source rows into grouped rows, as the batch
+job's routing and fan-out do, and packs each group's rows of a source batch into one Arrow IPC value, so that
+Spark moves, shuffles and converts a few rows per group instead of one per event: Kafka produces go to their
+partition (murmur2 or msg_id order, SPEC §3.2 rule 1; no fault is read), broker events go to every unit hosting
+the broker. Classes whose routing reads the fault timeline (the RocketMQ families, `replay/stream.py`) are one
+group per class, unit −1: their messages are routed inside the group once every fault routing may read for them
+has arrived. Every input row has exactly one *primary* copy, which the
 group that receives it counts (rows in, rows late); the end-of-trace marker and broker events no unit hosts go
 to the accounting group (−1, −1).
 
@@ -18,7 +20,9 @@ with their carried state, and, for classes routed in state, the fault timeline s
    arrive: max(watermark, (⌊own max event ms⌋ − allowed lateness) ms), since the next watermark is at least the
    max event time Spark sees minus the lateness. Buffered events with ts < F (minus the routing horizon for
    classes routed in state) are fed to the kernels in SPEC §2.2 order with `advance(events, F)`;
-3. the group state (pickled; kernels are plain numpy/Python objects) goes back to the state store.
+3. the state store takes the micro-batch's on-time rows as a log entry, or a new snapshot of the whole group
+   (pickled: kernels are plain numpy/Python objects) once the log has grown as large as the last snapshot
+   (`ReplayProcessor` explains why).
 
 Every group registers one event-time timer at ⌊duration_us / 1000⌋ + 1 ms. The source's end marker moves the
 watermark past it, and the timer feeds what is left, finishes the kernels (fates are judged at the end of the
@@ -29,6 +33,7 @@ batch mode. All groups finish in the same micro-batch, with the accounting group
 from __future__ import annotations
 
 import pickle
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -37,7 +42,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from pipelines.replay_groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, _Group
 from pipelines.stream_source import END_KIND
@@ -57,10 +62,12 @@ PRODUCE = int(Kind.PRODUCE)
 NULL_BITS = {"broker": 1, "msg_id": 2, "size_bytes": 4, "producer_id": 8, "upto_us": 16}
 FILLS = {"broker": -1, "msg_id": 0, "size_bytes": 0, "producer_id": -1, "upto_us": 0}
 
-ROUTED_STREAM_DDL = (
-    "class_id INT, unit INT, ts_us BIGINT, kind_code TINYINT, broker INT, upto_us BIGINT, msg_id BIGINT, "
-    "size_bytes INT, key STRING, producer_id INT, `partition` INT, delay_us BIGINT, msg_rank BIGINT, "
-    "is_primary BOOLEAN, null_mask TINYINT, file_idx INT, `row` BIGINT")
+#: What routing hands to the groups: one row per (group, source batch), the group's events of that batch packed as
+#: an Arrow IPC record batch (ROUTED_SCHEMA). Spark then shuffles, sorts and converts a few rows per group and
+#: micro-batch instead of one per event (transformWithStateInPandas would turn every event into a pandas row).
+PACKED_DDL = "class_id INT, unit INT, max_ts_us BIGINT, events BINARY"
+PACKED_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("max_ts_us", pa.int64()),
+                           ("events", pa.binary())])
 ROUTED_SCHEMA = pa.schema([
     ("class_id", pa.int32()), ("unit", pa.int32()), ("ts_us", pa.int64()), ("kind_code", pa.int8()),
     ("broker", pa.int32()), ("upto_us", pa.int64()), ("msg_id", pa.int64()), ("size_bytes", pa.int32()),
@@ -98,6 +105,8 @@ class StreamPlan:
     sorted_msg_ids: np.ndarray | None = None
     #: (cls, unit, broker, primary): where broker events go (built by `fanout`)
     fanout: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    #: Identifies one run of the query (a restart gets a new one): the key of the workers' live groups.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def duration_us(self) -> int:
@@ -184,46 +193,67 @@ class _SourceRows:
         return pa.RecordBatch.from_arrays([arrays[f.name].cast(f.type) for f in ROUTED_SCHEMA], schema=ROUTED_SCHEMA)
 
 
-def route_stream(plan: StreamPlan):
-    """mapInArrow function: source rows (stream_source.SOURCE_DDL) → grouped rows (ROUTED_STREAM_DDL)."""
-    labels = pa.array([*KIND_LABELS, END_KIND])
-    fan = np.array(plan.fanout, dtype=np.int64).reshape(-1, 4)
-    known_brokers = np.unique(fan[:, 2])
+class Router:
+    """Routing and fan-out of source batches, packed per group (the stream's version of the batch job's
+    `route_batches` and broadcast fan-out join)."""
 
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            src = _SourceRows(plan, batch, labels)
-            code = src.code
-            produce = np.flatnonzero(code == PRODUCE)
-            if len(produce):
-                for rc in plan.replay.classes:
-                    primary = rc.index == 0
-                    if plan.routed_in_state(rc.index):
-                        yield src.emit(produce, rc.index, -1, primary)
-                        continue
-                    policy, layout = rc.router
-                    routed = family_of(policy).route(
-                        policy, plan.replay.manifest, layout, PartitionEvents.empty(),
-                        RouteInput(src.cols["ts_us"][produce], src.cols["msg_rank"][produce],
-                                   src.keys.take(pa.array(produce))))
-                    yield src.emit(produce, rc.index, routed.unit, primary, routed.partition, routed.delay_us)
-            is_broker = (code >= 0) & (code < PRODUCE)
-            if is_broker.any():
-                broker = src.cols["broker"]
-                for c, u, b, p in fan:
-                    rows = np.flatnonzero(is_broker & (broker == b))
-                    if len(rows):
-                        yield src.emit(rows, c, u, bool(p))
-                unknown = np.flatnonzero(is_broker & ~np.isin(broker, known_brokers))
-                if len(unknown):  # the trace gate names them; counted here so that rows_in stays exact
-                    yield src.emit(unknown, *ACCOUNTING, True)
-            other = np.flatnonzero((code < 0) | (code == END_CODE))
-            if len(other):  # the end marker, and unknown kinds (counted; the trace gate names them)
-                yield src.emit(other, *ACCOUNTING, code[other] != END_CODE)
+    def __init__(self, plan: StreamPlan) -> None:
+        self.plan = plan
+        self.labels = pa.array([*KIND_LABELS, END_KIND])
+        self.fan = np.array(plan.fanout, dtype=np.int64).reshape(-1, 4)
+        self.known_brokers = np.unique(self.fan[:, 2])
 
-    return fn
+    def _routed(self, src: _SourceRows) -> Iterator[pa.RecordBatch]:
+        plan, code = self.plan, src.code
+        produce = np.flatnonzero(code == PRODUCE)
+        if len(produce):
+            for rc in plan.replay.classes:
+                primary = rc.index == 0
+                if plan.routed_in_state(rc.index):
+                    yield src.emit(produce, rc.index, -1, primary)
+                    continue
+                policy, layout = rc.router
+                out = family_of(policy).route(
+                    policy, plan.replay.manifest, layout, PartitionEvents.empty(),
+                    RouteInput(src.cols["ts_us"][produce], src.cols["msg_rank"][produce],
+                               src.keys.take(pa.array(produce))))
+                yield src.emit(produce, rc.index, out.unit, primary, out.partition, out.delay_us)
+        is_broker = (code >= 0) & (code < PRODUCE)
+        if is_broker.any():
+            broker = src.cols["broker"]
+            for c, u, b, p in self.fan:
+                rows = np.flatnonzero(is_broker & (broker == b))
+                if len(rows):
+                    yield src.emit(rows, c, u, bool(p))
+            unknown = np.flatnonzero(is_broker & ~np.isin(broker, self.known_brokers))
+            if len(unknown):  # the trace gate names them; counted here so that rows_in stays exact
+                yield src.emit(unknown, *ACCOUNTING, True)
+        other = np.flatnonzero((code < 0) | (code == END_CODE))
+        if len(other):  # the end marker, and unknown kinds (counted; the trace gate names them)
+            yield src.emit(other, *ACCOUNTING, code[other] != END_CODE)
+
+    def pack(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Source rows (stream_source.EVENT_SOURCE_SCHEMA) → one PACKED_SCHEMA row per group they go to."""
+        classes, units, max_ts, blobs = [], [], [], []
+        for rb in self._routed(_SourceRows(self.plan, batch, self.labels)):
+            unit = rb.column("unit").to_numpy()
+            distinct = np.unique(unit)
+            parts = [(distinct[0], rb)] if len(distinct) == 1 else \
+                [(u, rb.filter(pa.array(unit == u))) for u in distinct]
+            for u, part in parts:
+                classes.append(int(rb.column("class_id")[0].as_py()))
+                units.append(int(u))
+                max_ts.append(int(pc.max(part.column("ts_us")).as_py()))
+                blobs.append(part.serialize().to_pybytes())
+        return pa.RecordBatch.from_arrays([pa.array(classes, pa.int32()), pa.array(units, pa.int32()),
+                                           pa.array(max_ts, pa.int64()), pa.array(blobs, pa.binary())],
+                                          schema=PACKED_SCHEMA)
+
+
+def unpack(blobs) -> pa.Table:
+    """The events of packed group rows (PACKED_DDL's `events`), as one ROUTED_SCHEMA table."""
+    batches = [pa.ipc.read_record_batch(pa.py_buffer(b), ROUTED_SCHEMA) for b in blobs]
+    return pa.Table.from_batches(batches, schema=ROUTED_SCHEMA)
 
 
 # ------------------------------------------------------------------------------------------------ groups
@@ -291,6 +321,11 @@ class GroupReplay:
         if rows.num_rows:
             self.max_event_us = max(self.max_event_us, int(pc.max(rows.column("ts_us")).as_py()))
             self.buffer = _concat(self.buffer, rows)
+
+    def step(self, rows: pa.Table, watermark_us: int) -> None:
+        """One micro-batch: its on-time rows, then feed what the watermark (and this group's own events) allow."""
+        self.add(rows)
+        self.advance(watermark_us)
 
     def advance(self, watermark_us: int) -> None:
         plan = self._plan
@@ -426,24 +461,71 @@ def _rows(n: int, rtype: int, unit: int, **cols) -> pa.RecordBatch:
                                       schema=STREAM_OUTPUT_SCHEMA)
 
 
+#: Per Python worker: the groups it replayed last, by (plan uid, class, unit), with the state version they match.
+#: Spark keeps a stream's Python workers from one micro-batch to the next, so a group usually finds its kernels
+#: here and the state store only has to take what changed (see `ReplayProcessor`).
+_LIVE: dict[tuple[str, int, int], tuple[int, GroupReplay]] = {}
+
+
 class ReplayProcessor(StatefulProcessor):
-    """transformWithStateInPandas processor over (cls, unit) groups: see the module docstring."""
+    """transformWithStateInPandas processor over (class, unit) groups: see the module docstring.
+
+    A group's state is a snapshot (the pickled GroupReplay) plus a log of what was applied since (each
+    micro-batch's on-time rows and watermark), and a version. A micro-batch appends to the log, or, once the log
+    is as large as the snapshot, writes a new snapshot and clears the log: what the state store writes per
+    micro-batch is then proportional to the new events (amortized), not to the kernels' whole history, which a
+    snapshot per micro-batch would rewrite every time. The worker keeps the group it just advanced (`_LIVE`);
+    the next micro-batch uses it when its version is the stored one, and otherwise (another worker ran the
+    group, a retried or restarted micro-batch) rebuilds it: the snapshot, then the log applied again, which is
+    deterministic.
+    """
 
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.state = handle.getValueState("replay", StructType([StructField("blob", BinaryType(), True)]))
+        binary = StructType([StructField("blob", BinaryType(), True)])
+        self.snapshot = handle.getValueState("snapshot", binary)
+        self.log = handle.getListState("log", StructType([StructField("watermark_us", LongType(), True),
+                                                          StructField("rows", BinaryType(), True)]))
+        self.meta = handle.getValueState("meta", StructType([StructField(n, LongType(), True) for n in (
+            "version", "log_bytes", "snapshot_bytes")]))
+
+    def _load(self, cls: int, unit: int) -> tuple[GroupReplay, tuple[int, int, int]] | None:
+        if not self.meta.exists():
+            return None
+        version, log_bytes, snapshot_bytes = (int(v) for v in self.meta.get())
+        live = _LIVE.get((self.plan.uid, cls, unit))
+        if live is not None and live[0] == version:
+            return live[1], (version, log_bytes, snapshot_bytes)
+        group = GroupReplay.loads(self.snapshot.get()[0], self.plan)
+        for watermark_us, rows in self.log.get():
+            group.step(read_rows(rows), int(watermark_us))
+        return group, (version, log_bytes, snapshot_bytes)
+
+    def _save(self, cls: int, unit: int, group: GroupReplay, meta: tuple[int, int, int] | None, watermark_us: int,
+              rows: pa.Table) -> None:
+        version, log_bytes, snapshot_bytes = meta or (0, 0, 0)
+        entry = write_rows(rows)
+        if meta is None or log_bytes + len(entry) > snapshot_bytes:
+            blob = group.dumps()
+            self.snapshot.update((blob,))
+            self.log.clear()
+            log_bytes, snapshot_bytes = 0, len(blob)
+        else:
+            self.log.appendValue((watermark_us, entry))
+            log_bytes += len(entry)
+        self.meta.update((version + 1, log_bytes, snapshot_bytes))
+        _LIVE[(self.plan.uid, cls, unit)] = (version + 1, group)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         cls, unit = int(key[0]), int(key[1])
         watermark_us = max(0, int(timerValues.getCurrentWatermarkInMs())) * 1000
-        frames = [pdf for pdf in rows if len(pdf)]
-        if not frames:
+        blobs = [b for pdf in rows for b in pdf["events"]]
+        if not blobs:
             return
-        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0],
-                                     schema=ROUTED_SCHEMA, preserve_index=False)
+        table = unpack(blobs)
         code = table.column("kind_code").to_numpy(zero_copy_only=False)
         ts = table.column("ts_us").to_numpy(zero_copy_only=False)
         primary = table.column("is_primary").to_numpy(zero_copy_only=False)
@@ -464,14 +546,14 @@ class ReplayProcessor(StatefulProcessor):
             yield _output_frame(out)
             return
         ontime = table.filter(pa.array(event & ~late)).select(list(BUFFER_COLUMNS))
-        if self.state.exists():
-            group = GroupReplay.loads(self.state.get()[0], self.plan)
-        else:
-            group = GroupReplay(self.plan, cls, unit)
+        loaded = self._load(cls, unit)
+        if loaded is None:
+            group, meta = GroupReplay(self.plan, cls, unit), None
             self.handle.registerTimer(self.plan.end_timer_ms)
-        group.add(ontime)
-        group.advance(watermark_us)
-        self.state.update((group.dumps(),))
+        else:
+            group, meta = loaded
+        group.step(ontime, watermark_us)
+        self._save(cls, unit, group, meta, watermark_us, ontime)
         yield _output_frame(out)
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -480,11 +562,25 @@ class ReplayProcessor(StatefulProcessor):
         out = [_rows(1, STATS, unit, rows_in=[0], rows_late=[0], watermark_us=[watermark_us])]
         if (cls, unit) == ACCOUNTING:
             out.append(_rows(1, END, unit))
-        elif self.state.exists():
-            group = GroupReplay.loads(self.state.get()[0], self.plan)
-            out.extend(group.finish())
-            self.state.clear()
+        else:
+            loaded = self._load(cls, unit)
+            if loaded is not None:
+                out.extend(loaded[0].finish())
+                self.snapshot.clear()
+                self.log.clear()
+                self.meta.clear()
+                _LIVE.pop((self.plan.uid, cls, unit), None)
         yield _output_frame(out)
 
     def close(self) -> None:
         pass
+
+
+def write_rows(rows: pa.Table) -> bytes:
+    """A log entry: on-time rows (BUFFER_SCHEMA) as one Arrow IPC record batch."""
+    batch = rows.combine_chunks().to_batches()
+    return (batch[0] if batch else pa.RecordBatch.from_pylist([], schema=BUFFER_SCHEMA)).serialize().to_pybytes()
+
+
+def read_rows(entry: bytes) -> pa.Table:
+    return pa.Table.from_batches([pa.ipc.read_record_batch(pa.py_buffer(entry), BUFFER_SCHEMA)])

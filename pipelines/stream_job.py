@@ -3,22 +3,25 @@
 The query
 ---------
 ```
-trace events/ ──(stream_source: files in name order, ≤ N per micro-batch, end marker)──► withWatermark(ts_us,
-allowed lateness) ──(mapInArrow: route, fan out; stream_groups.route_stream)──► groupBy(cls, unit)
-.transformWithStateInPandas(ReplayProcessor, RocksDB, event time) ──► foreachBatch(StreamSink)
+trace events/ ──(stream_source: files in name order, ≤ N per micro-batch, then an end marker; each file routed
+and fanned out by stream_groups.Router as it is read: one packed row per group and source batch)──►
+withWatermark(max event time, allowed lateness) ──► groupBy(class_id, unit).transformWithStateInPandas(
+ReplayProcessor, RocksDB, event time) ──► foreachBatch(StreamSink)
 ```
 - Groups are the batch job's (class, unit) replay groups; a class whose routing reads the fault timeline (the
   RocketMQ families) is one group per class that routes in state once every fault routing may read for a message
   has arrived, so routing uses "the fault timeline seen so far" and is still exact (`replay/stream.py`).
 - Each group buffers its events in the state store until the event-time watermark passes them, then feeds them
-  in SPEC §2.2 order to the chunked kernels, whose carried state is pickled into the same state value
-  (`stream_groups.GroupReplay`). Rows behind the watermark in force when they arrive are late: counted in
-  `watermarks.rows_late` and quarantined (rule `behind-watermark`), never fed and never silently dropped.
+  in SPEC §2.2 order to the chunked kernels, whose carried state is kept in the same store as a snapshot plus a
+  log of the micro-batches since (`stream_groups.GroupReplay`, `ReplayProcessor`). Rows behind the watermark in
+  force when they arrive are late: counted in `watermarks.rows_late` and quarantined (rule `behind-watermark`),
+  never fed and never silently dropped.
 - A message's fate is known only when the trace ends (SPEC §4.1), so the final tables are produced when the
   watermark passes duration_us: the source's end marker moves it there, every group's end-of-trace event-time
-  timer fires in that micro-batch, and that batch's sink derives message_outcomes, partition_states,
-  unavailability, then committed_offsets, loss_metrics and run_summary with the batch job's own
-  `pipelines.publish` (same windows, same output gate, replaceWhere per run_id). They equal batch mode row for row.
+  timer fires in that micro-batch, and that batch's sink keeps the kernels' final rows in the checkpoint. The
+  driver then derives message_outcomes, partition_states, unavailability, committed_offsets, loss_metrics and
+  run_summary with the batch job's own `pipelines.publish` (same windows, same output gate, replaceWhere per
+  run_id): they equal batch mode row for row.
 - Before the end, each micro-batch appends one `watermarks` row per run (batch id, event-time watermark in force,
   max event time seen, rows in, rows late) and quarantines its late rows. There are no provisional windows: every
   loss figure of a window (acked_lost, failed_committed, stranded) depends on fates that the end of the trace
@@ -28,9 +31,11 @@ Exactly once
 ------------
 Spark's checkpoint (offsets, commits, RocksDB state) lives in `<checkpoint>/query`. Per-batch appends carry Delta's
 `txnAppId`/`txnVersion` (app id: this checkpoint's uid and the table; version: the batch id), so a batch that runs
-again after a crash writes nothing twice. The final batch's publish replaces the runs' rows (idempotent) and then
-records `published` in `<checkpoint>/stream.json`; a restart after that only reports. The kernels and the processor
-are deterministic, so a batch recomputed from the checkpointed state gives the same rows.
+again after a crash writes nothing twice. The final micro-batch overwrites `<checkpoint>/final` (the kernels' last
+rows) and records `final_written` in `<checkpoint>/stream.json`; publishing replaces the runs' rows (idempotent)
+and records `published`. A restart resumes the query, or publishes, or only reports, by those two marks. The
+kernels and the processor are deterministic, so a micro-batch recomputed from the checkpointed state gives the
+same rows.
 
 Assumptions (where a stream cannot know what the batch job reads from the whole trace)
 -------------------------------------------------------------------------------------
@@ -551,27 +556,34 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     return report
 
 
-def replay_stream(spark, events_dir: str, plan, *, files_per_trigger: int = DEFAULT_FILES_PER_TRIGGER,
-                  complete_as_is: bool = False, exclude_file: Path | None = None):
+def replay_stream(spark, events_dir: str, plan, plan_file: Path, *,
+                  files_per_trigger: int = DEFAULT_FILES_PER_TRIGGER, complete_as_is: bool = False,
+                  exclude_file: Path | None = None):
     """The streaming DataFrame of the replay (module docstring, "The query"): kernel rows in the schema of
-    `stream_groups.STREAM_OUTPUT_DDL`, one micro-batch at a time; `plan` is a `stream_groups.StreamPlan`."""
+    `stream_groups.STREAM_OUTPUT_DDL`, one micro-batch at a time. `plan` (a `stream_groups.StreamPlan`) is written
+    to `plan_file`, where the source's readers find it."""
+    import pickle
+
     from pyspark.sql import functions as F
 
-    from pipelines.stream_groups import GROUP_KEY, ROUTED_STREAM_DDL, STREAM_OUTPUT_DDL, ReplayProcessor, route_stream
+    from pipelines.stream_groups import GROUP_KEY, STREAM_OUTPUT_DDL, ReplayProcessor
     from pipelines.stream_source import SOURCE_NAME, TraceEventsSource
 
+    plan_file.parent.mkdir(parents=True, exist_ok=True)
+    plan_file.write_bytes(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
     spark.dataSource.register(TraceEventsSource)
-    source = (spark.readStream.format(SOURCE_NAME).option("path", events_dir)
+    source = (spark.readStream.format(SOURCE_NAME).option("path", events_dir).option("plan", str(plan_file))
               .option("max_files", str(files_per_trigger)).option("end_us", str(plan.end_marker_us))
               .option("complete_as_is", "true" if complete_as_is else "false")
               .option("exclude", str(exclude_file) if exclude_file is not None else "").load())
-    watermarked = (source.withColumn("_event_time", F.timestamp_micros("ts_us"))
+    # Each source row packs one group's events of a source batch, with their max event time: the watermark (max
+    # event time seen minus the allowed lateness) is the same as over the events themselves.
+    watermarked = (source.withColumn("_event_time", F.timestamp_micros("max_ts_us"))
                    .withWatermark("_event_time", f"{plan.allowed_lateness_ms} milliseconds")
                    # The processor sees the rows behind the watermark (to count and quarantine them): without
                    # the event-time column, Spark's own late-row filter has nothing to apply to.
-                   .drop("_event_time"))
-    return (watermarked.mapInArrow(route_stream(plan), ROUTED_STREAM_DDL)
-            .groupBy(*GROUP_KEY)
+                   .drop("_event_time", "max_ts_us"))
+    return (watermarked.groupBy(*GROUP_KEY)
             .transformWithStateInPandas(ReplayProcessor(plan), STREAM_OUTPUT_DDL, "Append", "EventTime"))
 
 
@@ -597,7 +609,8 @@ def _run_query(spark, tf, plan, ck: StreamCheckpoint, request: ReplayRequest, st
     sink = StreamSink(spark, lakehouse, tf, runs, request, ck, live, step)
     sink.resume()
 
-    replayed = replay_stream(spark, str(tf.events_path), plan, files_per_trigger=files_per_trigger,
+    replayed = replay_stream(spark, str(tf.events_path), plan, ck.root / "plan.pkl",
+                             files_per_trigger=files_per_trigger,
                              complete_as_is=bool(ck.complete_as_is),
                              exclude_file=ck.exclude_file if ck.exclude_file.is_file() else None)
     trigger = {"processingTime": f"{live_trigger_seconds} seconds" if live else "0 seconds"}

@@ -40,9 +40,9 @@ from schemas.trace import EVENT_ARROW_SCHEMA, EVENT_COLUMNS
 SOURCE_NAME = "replab_trace_events"
 END_KIND = "_end"
 COMPLETE_MARKER = "_COMPLETE"
-SOURCE_DDL = ("ts_us BIGINT, kind STRING, broker INT, msg_id BIGINT, key STRING, size_bytes INT, producer_id INT, "
-              "upto_us BIGINT, file_idx INT, `row` BIGINT")
-SOURCE_SCHEMA = pa.schema([*EVENT_ARROW_SCHEMA, pa.field("file_idx", pa.int32()), pa.field("row", pa.int64())])
+#: The events as read, with where they come from: what `stream_groups.Router` routes and packs.
+EVENT_SOURCE_SCHEMA = pa.schema([*EVENT_ARROW_SCHEMA, pa.field("file_idx", pa.int32()),
+                                 pa.field("row", pa.int64())])
 ROWS_PER_BATCH = 65_536
 
 
@@ -63,18 +63,34 @@ def complete_file_count(events_dir: str | Path) -> int | None:
 
 
 class _FilePart(InputPartition):
-    def __init__(self, path: str, file_idx: int, exclude: Sequence[int]) -> None:
-        self.path, self.file_idx, self.exclude = path, file_idx, list(exclude)
+    def __init__(self, plan: str, path: str, file_idx: int, exclude: Sequence[int]) -> None:
+        self.plan, self.path, self.file_idx, self.exclude = plan, path, file_idx, list(exclude)
 
 
 class _EndPart(InputPartition):
-    def __init__(self, end_us: int) -> None:
-        self.end_us = end_us
+    def __init__(self, plan: str, end_us: int) -> None:
+        self.plan, self.end_us = plan, end_us
+
+
+_ROUTERS: dict[str, object] = {}
+
+
+def _router(plan_file: str):
+    """The Router of a pickled StreamPlan, once per Python worker."""
+    router = _ROUTERS.get(plan_file)
+    if router is None:
+        import pickle
+
+        from pipelines.stream_groups import Router
+
+        router = _ROUTERS[plan_file] = Router(pickle.loads(Path(plan_file).read_bytes()))
+    return router
 
 
 class _Reader(DataSourceStreamReader):
     def __init__(self, options) -> None:
         self.events_dir = options["path"]
+        self.plan = options["plan"]
         self.max_files = max(1, int(options.get("max_files", "1")))
         self.end_us = int(options["end_us"])
         self.complete_as_is = options.get("complete_as_is", "false") == "true"
@@ -111,10 +127,10 @@ class _Reader(DataSourceStreamReader):
         self._advance(end)
         names = event_files(self.events_dir)
         parts: list[InputPartition] = [
-            _FilePart(os.path.join(self.events_dir, names[i]), i, self.exclude.get(names[i], ()))
+            _FilePart(self.plan, os.path.join(self.events_dir, names[i]), i, self.exclude.get(names[i], ()))
             for i in range(start["files"], end["files"])]
         if end["end"] and not start["end"]:
-            parts.append(_EndPart(self.end_us))
+            parts.append(_EndPart(self.plan, self.end_us))
         return parts
 
     def commit(self, end: dict) -> None:
@@ -125,10 +141,11 @@ class _Reader(DataSourceStreamReader):
             self.position = dict(offset)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        router = _router(partition.plan)
         if isinstance(partition, _EndPart):
             arrays = [pa.array([partition.end_us], pa.int64()), pa.array([END_KIND], pa.string()),
-                      *(pa.nulls(1, f.type) for f in SOURCE_SCHEMA if f.name not in ("ts_us", "kind"))]
-            yield pa.RecordBatch.from_arrays(arrays, schema=SOURCE_SCHEMA)
+                      *(pa.nulls(1, f.type) for f in EVENT_SOURCE_SCHEMA if f.name not in ("ts_us", "kind"))]
+            yield router.pack(pa.RecordBatch.from_arrays(arrays, schema=EVENT_SOURCE_SCHEMA))
             return
         from pipelines.trace_loader import check_arrow_schema
 
@@ -140,7 +157,8 @@ class _Reader(DataSourceStreamReader):
         table = table.append_column("row", pa.array(np.arange(1, n + 1, dtype=np.int64)))
         if partition.exclude:
             table = table.filter(pc.invert(pc.is_in(table.column("row"), pa.array(partition.exclude, pa.int64()))))
-        yield from table.to_batches(max_chunksize=ROWS_PER_BATCH)
+        for batch in table.to_batches(max_chunksize=ROWS_PER_BATCH):
+            yield router.pack(batch)
 
 
 class TraceEventsSource(DataSource):
@@ -151,7 +169,9 @@ class TraceEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SOURCE_DDL
+        from pipelines.stream_groups import PACKED_DDL
+
+        return PACKED_DDL
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         return _Reader(self.options)
