@@ -458,13 +458,15 @@ def _payload(report: TraceRuleReport | None, *, trace_id: str, run_ids: Sequence
 
 
 def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_id: str | None = None,
-                   run_ids: Sequence[str] = (), *, reports_root: str | Path | None = None):
+                   run_ids: Sequence[str] = (), *, reports_root: str | Path | None = None,
+                   defer_validations: bool = False):
     """Validate a trace directory before a replay (SPEC §7).
 
     Returns `(clean_events_df, GateResult)`: the events minus quarantined rows (SPEC §2.1 columns). A fatal
     rule raises BadInput (exit 2) naming file, row and rule, after writing the report files but nothing to
     any table. Otherwise the quarantined rows replace this trace's rows in `quarantine` and the gate run lands
-    in `validations` (one row per run id, or one trace-level row). `lakehouse`: a `pipelines.lakehouse.
+    in `validations` (one row per run id, or one trace-level row; `defer_validations`: with the lakehouse's
+    next validations write, e.g. the output gate's, in one commit). `lakehouse`: a `pipelines.lakehouse.
     Lakehouse`, a root path, or None (no tables; reports under `reports_root` if given).
     """
     from expectations.report import report_dir, write_report
@@ -504,13 +506,16 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
         raise error
     paths = save(report, tid, None)
     if lh is not None:
-        lh.replace_rows("quarantine", "trace_id", [tid], report.quarantine_rows())
+        # A trace gate run replaces the trace's quarantined rows; with none now and none before, that commit
+        # would change nothing, so it is skipped (the table is still created on first use).
+        if report.quarantine_count or lh.has_rows("quarantine", "trace_id", tid):
+            lh.replace_rows("quarantine", "trace_id", [tid], report.quarantine_rows())
         lh.record_validations([
             {"run_id": run_id, "trace_id": tid, "suite": SUITE, "target": trace_path, "success": True,
              "evaluated": evaluated, "successful": successful, "unexpected_rows": unexpected,
              "report_path": str(paths.html_path) if paths is not None else None}
             for run_id in (list(run_ids) or [None])
-        ])
+        ], defer=defer_validations)
     if report.quarantine_count:
         clean = report.clean_events()
     else:

@@ -120,6 +120,7 @@ class Lakehouse:
         self.spark = spark
         self.root = Path(root).resolve()
         self._ready: set[str] = set()
+        self._pending_validations: list[Mapping[str, Any]] = []
         if create:
             self.create_tables()
 
@@ -242,19 +243,36 @@ class Lakehouse:
         """Insert or replace small rows by key: replaceWhere on the keys (one commit, much cheaper than MERGE)."""
         self.replace_rows(table, key, keys, rows_df)
 
-    def record_validations(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Upsert gate runs into `validations` (one row per suite, trace and run; SPEC §5, §7)."""
+    def record_validations(self, rows: Sequence[Mapping[str, Any]], *, defer: bool = False) -> None:
+        """Upsert gate runs into `validations` (one row per suite, trace and run; SPEC §5, §7).
+
+        `defer`: keep the rows and write them with the next call (one commit for a replay's trace gate and
+        output gate); `flush_validations()` writes what is kept, e.g. when a replay fails in between.
+        """
+        self._pending_validations.extend(rows)
+        if defer:
+            return
+        self.flush_validations()
+
+    def flush_validations(self) -> None:
+        rows, self._pending_validations = self._pending_validations, []
         if not rows:
             return
         now = dt.datetime.now(dt.UTC)
-        full = []
+        full: dict[str, dict[str, Any]] = {}
         for r in rows:
             row = {name: r.get(name) for name in TABLES["validations"].columns}
             row["validation_id"] = validation_id(r["suite"], r["trace_id"], r.get("run_id"))
             row["validated_at"] = row["validated_at"] or now
-            full.append(row)
-        df = self.spark.createDataFrame(full, schema=TABLES["validations"].spark_schema())
-        self._upsert("validations", "validation_id", df, [r["validation_id"] for r in full])
+            full[row["validation_id"]] = row  # a later row of the same gate run replaces an earlier one
+        df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema())
+        self._upsert("validations", "validation_id", df, list(full))
+
+    def has_rows(self, table: str, column: str, value: str) -> bool:
+        """Whether the table holds a row with this key (a cheap read: Delta skips files by their stats)."""
+        from pyspark.sql import functions as F
+
+        return bool(self.read(table).where(F.col(column) == value).limit(1).count())
 
     # ------------------------------------------------------------------------------------------- runs
     def _run_rows(self, records: Sequence[RunRecord], status: str, started: dt.datetime,

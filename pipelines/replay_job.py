@@ -318,7 +318,8 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     lakehouse = Lakehouse(request.lakehouse, spark, create=False)
 
     step("trace gate")
-    events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=run_ids)
+    # The gate's `validations` row is written with the output gate's (one commit instead of two).
+    events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=run_ids, defer_validations=True)
     events = events.persist()
     tracker = None
     try:
@@ -353,6 +354,7 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             tracker.fail(exc)  # no MLflow run stays RUNNING after a failed replay
         raise
     finally:
+        lakehouse.flush_validations()  # the trace gate's row, if the output gate never wrote it
         events.unpersist()
         if gate.report is not None:
             gate.report.release()
