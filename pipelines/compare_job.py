@@ -220,12 +220,12 @@ def comparison_frame(cmp: Comparison) -> pd.DataFrame:
 
 
 def print_table(cmp: Comparison, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from pipelines.replay_job import COMPARISON_COLUMNS
+    from pipelines.terminal import console as terminal
 
-    console = console or Console()
+    console = console or terminal()
     table = Table(title=f"experiment {cmp.experiment}: {len(cmp.results)} policies", title_justify="left")
     table.add_column("policy", overflow="fold")
     for _, header, _ in COMPARISON_COLUMNS:
@@ -472,9 +472,9 @@ def _version() -> str:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from pipelines.terminal import console as terminal
 
-    console = Console()
+    console = terminal()
     path = build_report(args.experiment, args.out, args.tracking_uri, console=console)
     console.print(f"report: {path}")
     return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,19 +156,19 @@ class _Steps:
 
 def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, scale: float | None = None,
              seed: int = DEFAULT_SEED, console=None) -> DemoResult:
-    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from generators.generate import build_plan, generate_trace
     from generators.scenario import resolve_scenario
     from pipelines.compare_job import build_report
     from pipelines.replay_job import ReplayRequest, run_replay
+    from pipelines.terminal import console as terminal
 
     layout = DemoLayout(Path(out).resolve())
     chosen = resolve_scenario(scenario or DEFAULT_SCENARIO)
     scale = DEFAULT_SCALE if scale is None else scale
     build_plan(chosen, seed, scale)  # a bad --scale is bad input (exit 2) before Spark does any work
-    console = console or Console()
+    console = console or terminal()
     layout.out.mkdir(parents=True, exist_ok=True)
 
     columns = (SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -225,12 +224,10 @@ def print_result(result: DemoResult, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipelines.session import get_spark
+    from pipelines.terminal import console as terminal
 
-    # Piped output (CI logs) gets a wide console, so that the comparison table's columns stay readable.
-    console = Console() if sys.stdout.isatty() else Console(width=220)
+    console = terminal()
     spark = get_spark("replab-demo")
     result = run_demo(spark, args.out, scenario=args.scenario, scale=args.scale, console=console)
     print_result(result, console)

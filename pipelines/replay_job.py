@@ -84,6 +84,8 @@ class ReplayReport:
     experiment: str | None = None
     trace_gate_report: str | None = None
     output_gate_report: str | None = None
+    #: How to name each policy in tables (default: its canonical string)
+    labels: list[str] | None = None
 
     def summary_json(self) -> list[dict[str, Any]]:
         """SPEC §6.1: one object per policy in --policy order: policy, run_id and every run_summary field."""
@@ -384,8 +386,9 @@ COMPARISON_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 def comparison_rows(report: ReplayReport) -> list[dict[str, str]]:
     rows = []
-    for r, s in zip(report.runs, report.summaries):
-        row = {"policy": r.canonical}
+    labels = report.labels or [r.canonical for r in report.runs]
+    for label, s in zip(labels, report.summaries):
+        row = {"policy": label}
         for name, header, fmt in COMPARISON_COLUMNS:
             value = s.get(name)
             row[header] = "–" if value is None else fmt.format(value)
@@ -394,10 +397,11 @@ def comparison_rows(report: ReplayReport) -> list[dict[str, str]]:
 
 
 def print_comparison(report: ReplayReport, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from pipelines.terminal import console as terminal
+
+    console = console or terminal()
     table = Table(title=f"trace {report.trace_id}: {len(report.runs)} policies", title_justify="left")
     table.add_column("policy", overflow="fold")
     for _, header, _ in COMPARISON_COLUMNS:
@@ -408,11 +412,10 @@ def print_comparison(report: ReplayReport, console=None) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipelines.session import get_spark
+    from pipelines.terminal import console as terminal
 
-    console = Console(stderr=False)
+    console = terminal()
     request = ReplayRequest(
         trace=args.trace, policies=args.policies, lakehouse=args.lakehouse, window_ms=args.window_ms,
         mode=args.mode, tracking_uri=args.tracking_uri, experiment=args.experiment,
@@ -425,6 +428,7 @@ def cli(args: argparse.Namespace) -> int:
         report = run_stream_replay(spark, request, progress=lambda t: console.log(t))
     else:
         report = run_replay(spark, request, progress=lambda t: console.log(t))
+    report.labels = list(args.policy)  # as the user wrote them (preset names read better than canonical forms)
     print_comparison(report, console)
     console.print(f"lakehouse: {report.lakehouse}")
     if report.experiment:

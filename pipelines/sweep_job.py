@@ -362,10 +362,11 @@ def log_sweep(sweep: SweepReport, request: SweepRequest, *, experiment: str) -> 
 
 # ------------------------------------------------------------------------------------------------ output
 def print_sweep(sweep: SweepReport, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from pipelines.terminal import console as terminal
+
+    console = console or terminal()
     table = Table(title=f"{sweep.scenario} (scale {sweep.scale:g}), seeds {sweep.seeds[0]}…{sweep.seeds[-1]}: "
                         f"estimates with 95% intervals", title_justify="left")
     table.add_column("policy", overflow="fold")
