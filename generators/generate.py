@@ -601,7 +601,7 @@ def generate_trace(spark, scenario: Scenario, *, seed: int, scale: float, out: s
                    log=None) -> GenerateResult:
     """Write `out/manifest.json` and `out/events/` for (scenario, seed, scale). See the module docstring."""
     started = time.monotonic()
-    out = Path(out)
+    out = Path(out).resolve()  # executors (Python workers, other machines) do not share our working directory
     if live and not (math.isfinite(live_speed) and live_speed > 0):
         raise BadInput(f"--live-speed must be > 0, got {live_speed!r}", rule="arguments")
     slice_blocks = max(1, round(live_speed)) if live else None

@@ -21,8 +21,8 @@ _INT_RANGES = {pa.int64(): (-(2**63), 2**63 - 1), pa.int32(): (-(2**31), 2**31 -
 
 
 def locate(trace_dir: str | Path) -> TraceFiles:
-    """Find the manifest and the events of a trace directory."""
-    root = Path(trace_dir)
+    """Find the manifest and the events of a trace directory (absolute paths: executors resolve them)."""
+    root = Path(trace_dir).resolve()
     if not root.is_dir():
         raise BadInput("trace directory does not exist", file=str(root), rule="trace-layout")
     manifest = Manifest.read(root)
