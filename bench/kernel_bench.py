@@ -26,6 +26,7 @@ from replay.events import split_trace_table
 from replay.families import RouteInput, family_of
 from replay.local import control_events, msg_rank, unit_events
 from replay.policies import parse_policy, presets
+from schemas.errors import BadInput
 
 #: Every preset (conf/policies.yaml).
 POLICIES = tuple(presets())
@@ -95,6 +96,11 @@ def bench(trace: str, scale: float, reference_scale: float | None, policies=POLI
     rows = []
     for text in policies:
         policy = parse_policy(text)
+        try:
+            family_of(policy).layout(policy, manifest)
+        except BadInput as exc:  # e.g. a 2-broker scenario cannot host replication_factor=3
+            print(f"{trace:24s} {text:28s} skipped: {exc}", flush=True)
+            continue
         time_kernels(policy, manifest, table, None)  # warm-up (imports, caches)
         route_s, kernel_s = time_kernels(policy, manifest, table, None)
         _, chunked_s = time_kernels(policy, manifest, table, 10_000_000)

@@ -42,7 +42,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
 from pipelines.replay_groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, _Group
 from pipelines.stream_source import END_KIND
@@ -461,6 +461,10 @@ def _rows(n: int, rtype: int, unit: int, **cols) -> pa.RecordBatch:
                                       schema=STREAM_OUTPUT_SCHEMA)
 
 
+#: Largest value a state variable takes in one message to the state server: pyspark sends each state update as
+#: one protobuf message, and a value of tens of MB left the 4.1 state server (and the micro-batch) hanging.
+STATE_CHUNK_BYTES = 4 << 20
+
 #: Per Python worker: the groups it replayed last, by (plan uid, class, unit), with the state version they match.
 #: Spark keeps a stream's Python workers from one micro-batch to the next, so a group usually finds its kernels
 #: here and the state store only has to take what changed (see `ReplayProcessor`).
@@ -485,9 +489,9 @@ class ReplayProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        binary = StructType([StructField("blob", BinaryType(), True)])
-        self.snapshot = handle.getValueState("snapshot", binary)
+        self.snapshot = handle.getListState("snapshot", StructType([StructField("part", BinaryType(), True)]))
         self.log = handle.getListState("log", StructType([StructField("watermark_us", LongType(), True),
+                                                          StructField("last", BooleanType(), True),
                                                           StructField("rows", BinaryType(), True)]))
         self.meta = handle.getValueState("meta", StructType([StructField(n, LongType(), True) for n in (
             "version", "log_bytes", "snapshot_bytes")]))
@@ -499,23 +503,31 @@ class ReplayProcessor(StatefulProcessor):
         live = _LIVE.get((self.plan.uid, cls, unit))
         if live is not None and live[0] == version:
             return live[1], (version, log_bytes, snapshot_bytes)
-        group = GroupReplay.loads(self.snapshot.get()[0], self.plan)
-        for watermark_us, rows in self.log.get():
-            group.step(read_rows(rows), int(watermark_us))
+        group = GroupReplay.loads(b"".join(part for (part,) in self.snapshot.get()), self.plan)
+        pieces: list[pa.Table] = []
+        for watermark_us, last, rows in self.log.get():
+            pieces.append(read_rows(rows))
+            if last:
+                group.step(pa.concat_tables(pieces), int(watermark_us))
+                pieces = []
         return group, (version, log_bytes, snapshot_bytes)
 
     def _save(self, cls: int, unit: int, group: GroupReplay, meta: tuple[int, int, int] | None, watermark_us: int,
               rows: pa.Table) -> None:
         version, log_bytes, snapshot_bytes = meta or (0, 0, 0)
-        entry = write_rows(rows)
-        if meta is None or log_bytes + len(entry) > snapshot_bytes:
+        entries = write_rows(rows)
+        size = sum(len(e) for e in entries)
+        if meta is None or log_bytes + size > snapshot_bytes:
             blob = group.dumps()
-            self.snapshot.update((blob,))
+            self.snapshot.clear()
+            for part in snapshot_parts(blob):
+                self.snapshot.appendValue((part,))
             self.log.clear()
             log_bytes, snapshot_bytes = 0, len(blob)
         else:
-            self.log.appendValue((watermark_us, entry))
-            log_bytes += len(entry)
+            for i, entry in enumerate(entries):
+                self.log.appendValue((watermark_us, i == len(entries) - 1, entry))
+            log_bytes += size
         self.meta.update((version + 1, log_bytes, snapshot_bytes))
         _LIVE[(self.plan.uid, cls, unit)] = (version + 1, group)
 
@@ -576,10 +588,19 @@ class ReplayProcessor(StatefulProcessor):
         pass
 
 
-def write_rows(rows: pa.Table) -> bytes:
-    """A log entry: on-time rows (BUFFER_SCHEMA) as one Arrow IPC record batch."""
-    batch = rows.combine_chunks().to_batches()
-    return (batch[0] if batch else pa.RecordBatch.from_pylist([], schema=BUFFER_SCHEMA)).serialize().to_pybytes()
+def snapshot_parts(blob: bytes) -> list[bytes]:
+    """A group snapshot as state values of at most STATE_CHUNK_BYTES (at least one); joined back in order."""
+    return [blob[i:i + STATE_CHUNK_BYTES] for i in range(0, max(len(blob), 1), STATE_CHUNK_BYTES)]
+
+
+def write_rows(rows: pa.Table) -> list[bytes]:
+    """A micro-batch's log entries: its on-time rows (BUFFER_SCHEMA) as Arrow IPC record batches of at most about
+    STATE_CHUNK_BYTES each (at least one, possibly empty)."""
+    rows = rows.combine_chunks()
+    pieces = max(1, -(-rows.nbytes // STATE_CHUNK_BYTES))
+    step = max(1, -(-rows.num_rows // pieces))
+    batches = rows.to_batches(max_chunksize=step) or [pa.RecordBatch.from_pylist([], schema=BUFFER_SCHEMA)]
+    return [b.serialize().to_pybytes() for b in batches]
 
 
 def read_rows(entry: bytes) -> pa.Table:

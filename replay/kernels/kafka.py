@@ -229,6 +229,11 @@ class KafkaPartitionReplay:
         i = self.ix[b]
         return bool(self.up[i] and not self.iso[i])
 
+    def _can_be_zombie(self, b: int) -> bool:
+        """Up, isolated and still the incarnation that led (SPEC §3.2 rule 10); as `Replica.can_be_zombie`."""
+        i = self.ix[b]
+        return bool(self.up[i] and self.iso[i] and not self.must_register[i])
+
     def _view(self) -> tuple[int, ...]:
         return self.iso_view if self.iso_view is not None else tuple(self.isr)
 
@@ -333,16 +338,11 @@ class KafkaPartitionReplay:
                 "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
                 **{k: np.where(is_tr, v[ti], -1) for k, v in self.s_payload.items()},
             }
-            consumed = self._segment(seg)
-            took_tr = int(is_tr[:consumed].sum())
-            took_sched = consumed - took_tr
-            self.s_pos += took_tr
-            self.sched_key = self.sched_key[took_sched:]
-            self.sched_row = self.sched_row[took_sched:]
+            self._segment(seg, is_tr)
             # loop: an ISR expansion may have cut the segment or scheduled retries before limit_key
 
-    def _segment(self, seg: dict) -> int:
-        """One steady segment; returns how many events it consumed (fewer if an ISR expansion cuts it)."""
+    def _segment(self, seg: dict, is_tr: np.ndarray) -> None:
+        """One steady segment: consumes its events, all of them unless an ISR expansion cuts it short."""
         key, code = seg["key"], seg["code"]
         ts = key // 16
         n = len(key)
@@ -414,11 +414,17 @@ class KafkaPartitionReplay:
             seg = {k: v[:m] for k, v in seg.items()}
         self._commit_segment(seg, ts, srv, ldr, refusing, is_arr, is_new, appended, to_leader, leo_after, hw,
                              {b: (idx[idx < m], nl[idx < m], lc[idx < m]) for b, (idx, nl, lc) in follower.items()})
+        # The consumed events leave the queues *before* any handler below reads or edits them: a retry consumed
+        # here (refused again, rule 3) must be rescheduled by `_reschedule_pool` after the expansion, not
+        # mistaken for one still due, and `_resolve_deadlines` may filter the retry queue.
+        took_tr = int(is_tr[:m].sum())
+        self.s_pos += took_tr
+        self.sched_key = self.sched_key[m - took_tr:]
+        self.sched_row = self.sched_row[m - took_tr:]
         if expand_b >= 0:
             self._resolve_deadlines(int(ts[-1]))  # deadlines before the expansion saw the state before it
             self._expand(int(ts[-1]), expand_b)
             self._reschedule_pool(int(ts[-1]))
-        return m
 
     def _commit_segment(self, seg, ts, srv, ldr, refusing, is_arr, is_new, appended, to_leader, leo_after, hw,
                         follower) -> None:
@@ -896,7 +902,7 @@ class KafkaPartitionReplay:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old >= 0 and self.iso[self.ix[old]] and old == self.target and self.zombie is None:
+        if old >= 0 and self._can_be_zombie(old) and old == self.target and self.zombie is None:
             self.zombie = {"broker": old, "epoch": self.epoch, "view": self.iso_view or (old,), "hw": self.hw}
         if chosen < 0:
             self.leader = -1

@@ -14,6 +14,9 @@ Modelling choices where SPEC §3.2 leaves room (each is documented in the README
   replaced it serves clients as a "zombie" with that ISR (rule 10): it acknowledges acks=0/1, and acks=all
   only if that ISR was itself alone. Clients learn of the new leader at the first metadata refresh
   (isolation + k·metadata_max_age_ms) after the replacement, when the zombie heals, or when it goes down.
+  Only a broker still up and running the incarnation that led becomes a zombie: an isolated leader that is
+  down when it is replaced (crashed, or shut down while isolated) or restarted but not yet registered answers
+  no client, and its log is truncated at the election like any other replica's (rule 9).
 - A message's `error` is decided at its delivery deadline: `request_timeout` if its last attempt was appended
   and is waiting for the high watermark; else `not_enough_replicas` if the broker clients use refuses
   acks=all writes at that moment; else `no_leader`.
@@ -77,6 +80,14 @@ class Replica:
     @property
     def eligible(self) -> bool:
         return self.up and not self.isolated
+
+    @property
+    def can_be_zombie(self) -> bool:
+        """Still running the incarnation that led, cut off from the controller: it can go on answering clients
+        (SPEC §3.2 rule 10). A broker that is down (crash, power loss, or a controlled shutdown while isolated)
+        answers nothing, nor does a new incarnation that has not registered; such a replica is truncated at the
+        election like any other (rule 9)."""
+        return self.up and self.isolated and not self.must_register
 
 
 @dataclass
@@ -396,7 +407,7 @@ class KafkaReference:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old is not None and self.rep[old].isolated and old == self.target and self.zombie is None:
+        if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None:
             self.zombie = Zombie(old, self.epoch, self.iso_view or (old,), self.hw)
         if chosen is None:
             self.leader = None  # offline

@@ -236,9 +236,13 @@ def test_routing_in_state_reads_faults_only_up_to_the_horizon(chaos):
             assert np.array_equal(part.partition, full.partition[send]), spec
 
 
-def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos):
+@pytest.mark.parametrize("chunk_bytes", [None, 4096], ids=["whole", "chunked"])
+def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, chunk_bytes, monkeypatch):
     """What a worker that did not run a group's last micro-batches does (ReplayProcessor._load): the snapshot,
-    then the logged micro-batches applied again, gives the same outputs as the group kept in memory. No Spark."""
+    then the logged micro-batches applied again, gives the same outputs as the group kept in memory. No Spark.
+    `chunked`: state values cut to a few KB (as the processor cuts them to STATE_CHUNK_BYTES for the state
+    server) rebuild the same group."""
+    import pipelines.stream_groups as stream_groups
     from pipelines.replay_job import policy_runs
     from pipelines.stream_groups import (
         BUFFER_COLUMNS,
@@ -260,6 +264,8 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos):
     source = (spec_order(table).append_column("file_idx", pa.array(np.zeros(n, dtype=np.int32)))
               .append_column("row", pa.array(np.arange(1, n + 1))).cast(EVENT_SOURCE_SCHEMA))
     micro_batches = [router.pack(b) for b in source.to_batches(max_chunksize=n // 5 + 1)]
+    if chunk_bytes:
+        monkeypatch.setattr(stream_groups, "STATE_CHUNK_BYTES", chunk_bytes)
     for key in [(0, 3), (1, -1)]:  # a Kafka partition; the DLedger class, routed in state
         live, rebuilt, log = GroupReplay(plan, *key), None, []
         watermark_us = 0
@@ -270,12 +276,16 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos):
             rows = rows.select(list(BUFFER_COLUMNS))
             live.step(rows, watermark_us)
             if i == 1:
-                rebuilt = GroupReplay.loads(live.dumps(), plan)  # the snapshot
+                blob = live.dumps()
+                parts = stream_groups.snapshot_parts(blob)
+                assert (len(parts) > 1) == bool(chunk_bytes)
+                rebuilt = GroupReplay.loads(b"".join(parts), plan)
             elif i > 1:
                 log.append((watermark_us, write_rows(rows)))
+                assert (len(log[-1][1]) > 1) == (chunk_bytes is not None and rows.nbytes > chunk_bytes)
             watermark_us = int(pc.max(rows.column("ts_us")).as_py()) // 1000 * 1000 if rows.num_rows else watermark_us
-        for w, entry in log:
-            rebuilt.step(read_rows(entry), w)
+        for w, entries in log:
+            rebuilt.step(pa.concat_tables([read_rows(e) for e in entries]), w)
         got, want = list(rebuilt.finish()), list(live.finish())
         assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want)), key
         assert sum(b.num_rows for b in want) > 100
