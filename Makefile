@@ -36,12 +36,12 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+# `ruff check` only: the code is wrapped by hand at 120 columns (tables of events, aligned rows), which
+# `ruff format` would undo, so the formatter is not part of the contract.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 # What spark-submit --py-files needs: one zip of the packages (SPEC §6.2), plus a wheel.

@@ -17,17 +17,17 @@ that figure is what local[2] reaches with both cores to itself.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import cpu_seconds as _cpu_seconds
+from bench.procs import emit
 from bench.procs import vm_hwm_mb as _vm_hwm_mb
 from bench.procs import worker_peak_mb as _worker_peak_mb
 from generators.generate import generate_trace
@@ -132,10 +132,7 @@ def main(argv=None) -> int:
     if args.with_100m:
         sizes.append(100_000_000)
     rows = run(sizes, scenario=args.scenario, workdir=args.workdir)
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    return 0
+    return emit(rows, markdown(rows), args.json)
 
 
 if __name__ == "__main__":

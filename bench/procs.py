@@ -6,8 +6,10 @@ both cores to itself).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+from dataclasses import asdict
 from pathlib import Path
 
 
@@ -68,3 +70,11 @@ def cpu_seconds(jvm_pid: int | None) -> float:
             continue
         total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
     return total
+
+
+def emit(rows: list, table_markdown: str, json_path: str | None) -> int:
+    """A benchmark's end: its Markdown table on stdout and, if asked, its rows (dataclasses) as JSON."""
+    print(table_markdown)
+    if json_path:
+        Path(json_path).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0

@@ -24,14 +24,13 @@ may be shared: see bench/procs.py).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import cpu_seconds, jvm_pid, load_average, vm_hwm_mb, worker_peak_mb
+from bench.procs import cpu_seconds, emit, jvm_pid, load_average, vm_hwm_mb, worker_peak_mb
 
 ONE_POLICY = "kafka-durable"
 
@@ -171,10 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
     rows = run([int(float(s)) for s in args.sizes.split(",")], skip_full=args.skip_full)
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    return 0
+    return emit(rows, markdown(rows), args.json)
 
 
 if __name__ == "__main__":

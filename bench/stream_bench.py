@@ -19,15 +19,15 @@ small trace (the SparkSession start and the first Python workers are not counted
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.generate_bench import _cpu_seconds, scale_for
+from bench.procs import emit
 from generators.generate import generate_trace
 from generators.scenario import resolve_scenario
 
@@ -141,10 +141,7 @@ def main(argv=None) -> int:
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
     rows = run(sizes, policy=args.policy, events_per_file=args.events_per_file,
                files_per_trigger=args.files_per_trigger, workdir=args.workdir)
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    return 0
+    return emit(rows, markdown(rows), args.json)
 
 
 if __name__ == "__main__":

@@ -195,18 +195,12 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     from pyspark.sql import functions as F
 
     from pipelines.replay_groups import (
-        MESSAGE,
         OUTPUT_DDL,
         ROUTED_DDL,
-        STATE,
-        UNAVAILABLE,
-        UNIT,
         ReplayPlan,
         route_batches,
         run_groups,
     )
-    from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
-    from schemas.tables import TABLES
     from schemas.trace import Kind
 
     classes = route_classes(runs)
@@ -234,6 +228,19 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
                .repartition(parts, "cls", "unit")
                .sortWithinPartitions("cls", "unit", "ts_us", "kind_code", "msg_id", "broker"))
     raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+
+    messages, states, intervals, totals = frames_from_raw(spark, runs, raw)
+    return ReplayFrames(list(runs), messages, states, intervals, totals, plan.control, raw)
+
+
+def frames_from_raw(spark, runs: Sequence[PolicyRun], raw):
+    """message_outcomes, partition_states and unavailability (their table schemas) and replication bytes per
+    run, from the kernels' output rows (`replay_groups.OUTPUT_DDL`); the batch and the stream replay share it."""
+    from pyspark.sql import functions as F
+
+    from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
+    from schemas.tables import TABLES
 
     run_ids = F.element_at(F.array(*[F.lit(r.run_id) for r in runs]), F.col("policy_idx") + 1)
 
@@ -266,8 +273,8 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         schema = TABLES[name].spark_schema()
         return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
-    return ReplayFrames(list(runs), conform("message_outcomes", messages), conform("partition_states", states),
-                        conform("unavailability", intervals), totals, plan.control, raw)
+    return (conform("message_outcomes", messages), conform("partition_states", states),
+            conform("unavailability", intervals), totals)
 
 
 def run_infos(runs: Sequence[PolicyRun], manifest, replication_bytes: dict[str, int]):

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.replay_job import ReplayReport, ReplayRequest
+from pipelines.replay_job import ReplayReport, ReplayRequest, frames_from_raw
 
 log = logging.getLogger(__name__)
 
@@ -427,47 +427,6 @@ def _gate_live_trace(spark, lakehouse, tf, run_ids: list[str]):
         log.warning("live trace %s: the trace gate quarantined %d rows that the replay had already read",
                     tf.manifest.trace_id, gate.quarantined)
     return gate.quarantined, (str(gate.report_html) if gate.report_html else None)
-
-
-def frames_from_raw(spark, runs, raw):
-    """message_outcomes, partition_states and unavailability (table schemas) and replication bytes per run from
-    the kernels' output rows (`replay_groups.OUTPUT_DDL`): the same split as `replay_job.replay_frames` step 5."""
-    from pyspark.sql import functions as F
-
-    from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
-    from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
-    from schemas.tables import TABLES
-
-    run_ids = F.element_at(F.array(*[F.lit(r.run_id) for r in runs]), F.col("policy_idx") + 1)
-
-    def label(col: str, labels: list[str | None]):
-        return F.element_at(F.array(*[F.lit(v).cast("string") for v in labels]), F.col(col).cast("int") + 1)
-
-    messages = raw.where(F.col("rtype") == MESSAGE).select(
-        run_ids.alias("run_id"), "msg_id", "key", "producer_id", "partition", "produce_us",
-        label("status", STATUS_LABELS).alias("status"), label("error", ERROR_LABELS).alias("error"), "ack_us",
-        (F.col("ack_us") - F.col("produce_us")).alias("latency_us"), label("fate", FATE_LABELS).alias("fate"),
-        "readable_at_end", "offset", "visible_us")
-    unit_parts = spark.createDataFrame(
-        [(r.index, u, p) for r in runs for u, ps in r.unit_partitions.items() for p in ps],
-        "policy_idx INT, unit INT, part INT")
-    per_partition = raw.join(F.broadcast(unit_parts), ["policy_idx", "unit"])
-    states = per_partition.where(F.col("rtype") == STATE).select(
-        run_ids.alias("run_id"), F.col("part").alias("partition"), "ts_us", "leader", "leader_epoch", "isr",
-        "log_end_offset", "high_watermark")
-    intervals = per_partition.where(F.col("rtype") == UNAVAILABLE).select(
-        run_ids.alias("run_id"), F.col("part").alias("partition"), "start_us", "end_us")
-    totals = dict.fromkeys((r.run_id for r in runs), 0)
-    for row in (raw.where(F.col("rtype") == UNIT).groupBy("policy_idx")
-                .agg(F.sum("replication_bytes").alias("b")).collect()):
-        totals[runs[row["policy_idx"]].run_id] = int(row["b"] or 0)
-
-    def conform(name: str, df):
-        schema = TABLES[name].spark_schema()
-        return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
-
-    return (conform("message_outcomes", messages), conform("partition_states", states),
-            conform("unavailability", intervals), totals)
 
 
 # ------------------------------------------------------------------------------------------------ the job

@@ -1,4 +1,4 @@
-"""Small array containers the kernels share: growable int64 columns and a struct-of-arrays table."""
+"""Small array helpers the kernels share: growable int64 columns, a struct-of-arrays table, the segment merge."""
 
 from __future__ import annotations
 
@@ -80,3 +80,20 @@ class Table:
             self.cols[name] = self.cols[name][: self.n][idx].copy()
         self.n = len(idx)
         return remap
+
+
+def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """The next steady segment of a kernel: the trace events from `s_pos` and the scheduled events (retries,
+    arrivals; `sched_key` sorted) whose keys are below `limit_key`, merged in key order, trace events first on
+    equal keys. Returns (keys, is_trace, trace_index, sched_index, scheduled_count), or None if nothing is due.
+    Indices of the other source are 0 where unused, so they can gather with `np.where`."""
+    hi = int(np.searchsorted(s_key, limit_key, side="left"))
+    shi = int(np.searchsorted(sched_key, limit_key, side="left"))
+    if hi <= s_pos and shi == 0:
+        return None
+    keys = np.concatenate([s_key[s_pos:hi], sched_key[:shi]])
+    order = np.argsort(keys, kind="stable")
+    ntr = hi - s_pos
+    is_tr = order < ntr
+    return keys[order], is_tr, np.where(is_tr, order + s_pos, 0), np.where(is_tr, 0, order - ntr), shi

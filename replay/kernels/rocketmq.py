@@ -24,7 +24,7 @@ import heapq
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.kernels._arrays import Grow, Table
+from replay.kernels._arrays import Grow, Table, due_segment
 from replay.policies import (
     OS_WRITEBACK_EXPIRE_MS,
     OS_WRITEBACK_PERIOD_MS,
@@ -627,19 +627,12 @@ class GroupReplay:
     def _stream(self, limit_key: int) -> None:
         """Process replicate/produce events and scheduled arrivals with keys below `limit_key`."""
         while True:
-            hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
-            shi = int(np.searchsorted(self.sched_key, limit_key, side="left"))
-            lo = self.s_pos
-            if hi <= lo and shi == 0:
+            due = due_segment(self.s_key, self.s_pos, self.sched_key, limit_key)
+            if due is None:
                 return
-            keys = np.concatenate([self.s_key[lo:hi], self.sched_key[:shi]])
-            order = np.argsort(keys, kind="stable")
-            ntr = hi - lo
-            is_tr = order < ntr
-            ti = np.where(is_tr, order + lo, 0)
-            si = np.where(is_tr, 0, order - ntr)
+            keys, is_tr, ti, si, shi = due
             seg = {
-                "key": keys[order],
+                "key": keys,
                 "code": np.where(is_tr, self.s_code[ti], C_ARRIVE),
                 "broker": np.where(is_tr, self.s_broker[ti], -1),
                 "upto": np.where(is_tr, self.s_upto[ti], 0),

@@ -157,7 +157,7 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
     from pyspark.testing import assertDataFrameEqual
 
     from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
-    from pipelines.stream_job import frames_from_raw
+    from pipelines.replay_job import frames_from_raw
 
     manifest, events = read_events_spark(spark, batch_trace or run.trace)
     batch = replay_frames(spark, manifest, events, run.runs)
