@@ -476,3 +476,60 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
         (run_id, str(late_trace.late_file), row) for run_id in run_ids for row in late_trace.late_rows)
     raw = {(r["run_id"], r["row"]): json.loads(r["raw"]) for r in late}
     assert [raw[(run_ids[0], row)] for row in late_trace.late_rows] == late_trace.late_raw
+
+
+def test_live_trace_replayed_while_it_is_written_equals_batch(spark, tmp_path):
+    """`replab generate --live` appends time slices while `replab replay --mode stream` runs on the same trace
+    (the README's live replay): the replay starts before the trace is complete, reads the slices as they come
+    (processing-time triggers), gates the trace once `_COMPLETE` lands, and ends with batch mode's tables."""
+    import threading
+
+    from pyspark.testing import assertDataFrameEqual
+
+    from generators.generate import COMPLETE_MARKER, generate_trace
+    from generators.scenario import resolve_scenario
+    from pipelines.lakehouse import Lakehouse, in_predicate
+    from pipelines.stream_job import run_stream_replay
+
+    trace, lakehouse = tmp_path / "live", tmp_path / "lakehouse"
+    failures: list[BaseException] = []
+
+    def write_live() -> None:
+        try:  # 7.5 s of trace: 8 one-second slices, one per wall-clock second
+            generate_trace(spark, resolve_scenario("demo"), seed=2, scale=0.05, out=trace, live=True,
+                           live_speed=1.0)
+        except BaseException as exc:  # surfaced below, not lost in the thread
+            failures.append(exc)
+
+    writer = threading.Thread(target=write_live)
+    writer.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (trace / "manifest.json").is_file():
+            assert writer.is_alive() and time.monotonic() < deadline, failures
+            time.sleep(0.05)
+        assert not (trace / "events" / COMPLETE_MARKER).exists()  # the replay meets an incomplete trace
+        specs = ["kafka-durable", "dledger-3"]
+        report = run_stream_replay(spark, ReplayRequest(
+            trace=str(trace), policies=[parse_policy(p) for p in specs], lakehouse=str(lakehouse), mode="stream",
+            mlflow=False), live_trigger_seconds=1)
+    finally:
+        writer.join()
+    assert not failures, failures
+    files = sorted(p.name for p in (trace / "events").glob("part-*.parquet"))
+    assert len(files) >= 3
+
+    run_ids = [r.run_id for r in report.runs]
+    lh, mine = Lakehouse(lakehouse, spark), in_predicate("run_id", run_ids)
+    marks = lh.read("watermarks").where(mine).collect()
+    assert sum(r["rows_in"] for r in marks) == len(run_ids) * read_events_arrow(trace)[1].num_rows
+    assert sum(r["rows_late"] for r in marks) == 0
+    assert len({r["batch"] for r in marks}) >= 2  # slices arrived over several micro-batches
+    expected = batch_tables(spark, trace, [parse_policy(p) for p in specs])
+    try:
+        for name in RUN_TABLES:
+            assertDataFrameEqual(lh.read(name).where(mine), lh.conform(name, expected[name]))
+    finally:
+        for df in expected.values():
+            df.unpersist()
+    assert {r["status"] for r in lh.read("runs").where(mine).collect()} == {"succeeded"}
