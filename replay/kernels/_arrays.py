@@ -49,7 +49,7 @@ class Table:
     """Columns of equal length with appends, masks and compaction (the kernels' pending messages)."""
 
     def __init__(self, dtypes: dict[str, type]) -> None:
-        self.dtypes = dtypes
+        self.dtypes = dict(dtypes)  # own copy: a kernel adds payload columns to its table, not to every table
         self.cols = {k: np.zeros(0, dtype=t) for k, t in dtypes.items()}
         self.n = 0
 
