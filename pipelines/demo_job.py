@@ -163,6 +163,7 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
     from pipelines.compare_job import build_report
     from pipelines.replay_job import ReplayRequest, run_replay
     from pipelines.terminal import console as terminal
+    from replay.policies import all_presets
 
     layout = DemoLayout(Path(out).resolve())
     chosen = resolve_scenario(scenario or DEFAULT_SCENARIO)
@@ -188,6 +189,9 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
                 trace=str(layout.trace), policies=presets,
                 lakehouse=str(layout.lakehouse), tracking_uri=layout.tracking_uri, experiment=trace_id),
                 progress=detail)
+            # The comparison table names presets as conf/policies.yaml does (shorter than canonical forms).
+            names = {policy.canonical(): preset.name for preset, policy in all_presets()}
+            replay.labels = [names.get(r.canonical, r.canonical) for r in replay.runs]
         with steps.step("report", "comparison report"):
             report_html = build_report(replay.experiment or trace_id, layout.report, layout.tracking_uri)
 

@@ -50,6 +50,8 @@ def test_demo_writes_lakehouse_experiment_and_report(spark, tmp_path, capsys):
     assert len((layout.report / "comparison.csv").read_text().strip().splitlines()) == 1 + len(presets)
 
     # What the demo printed: where things are and how to open the UI bound to 127.0.0.1.
+    table = printed[:printed.index("demo finished in")]
+    assert all(f" {preset.name} " in table for preset, _ in all_presets())  # rows named as conf/policies.yaml
     assert str(layout.report / "report.html") in printed
     assert f"mlflow ui --backend-store-uri {layout.tracking_uri}" in printed and "--host 127.0.0.1" in printed
 
