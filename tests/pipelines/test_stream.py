@@ -421,6 +421,19 @@ def batch_tables(spark, trace: Path, policies: list[Any]) -> dict[str, Any]:
     return derive_tables(spark, results)
 
 
+def assert_run_tables_equal_batch(spark, lh, mine, trace: Path, policies: list[Any]) -> None:
+    """Every run table the stream replay wrote (rows matching `mine`) equals batch mode's on `trace`."""
+    from pyspark.testing import assertDataFrameEqual
+
+    expected = batch_tables(spark, trace, policies)
+    try:
+        for name in RUN_TABLES:
+            assertDataFrameEqual(lh.read(name).where(mine), lh.conform(name, expected[name]))
+    finally:
+        for df in expected.values():
+            df.unpersist()
+
+
 RUN_TABLES = ("message_outcomes", "partition_states", "unavailability", "committed_offsets", "loss_metrics",
               "run_summary")
 
@@ -429,7 +442,6 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     """SIGKILL after micro-batch 1, restart from the checkpoint: every run table equals batch mode on the trace
     without the late rows; the late rows are counted once per run and quarantined once, with their reason."""
     from pyspark.sql import functions as F
-    from pyspark.testing import assertDataFrameEqual
 
     from pipelines.lakehouse import Lakehouse, in_predicate
     from pipelines.stream_job import LATE_RULE, run_stream_replay
@@ -453,13 +465,7 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     lh = Lakehouse(lakehouse, spark)
     mine = in_predicate("run_id", run_ids)
 
-    expected = batch_tables(spark, late_trace.reference, policies)
-    try:
-        for name in RUN_TABLES:
-            assertDataFrameEqual(lh.read(name).where(mine), lh.conform(name, expected[name]))
-    finally:
-        for df in expected.values():
-            df.unpersist()
+    assert_run_tables_equal_batch(spark, lh, mine, late_trace.reference, policies)
 
     runs = {r["run_id"]: r for r in lh.read("runs").where(mine).collect()}
     assert {(r["mode"], r["status"]) for r in runs.values()} == {("stream", "succeeded")}
@@ -483,8 +489,6 @@ def test_live_trace_replayed_while_it_is_written_equals_batch(spark, tmp_path):
     (the README's live replay): the replay starts before the trace is complete, reads the slices as they come
     (processing-time triggers), gates the trace once `_COMPLETE` lands, and ends with batch mode's tables."""
     import threading
-
-    from pyspark.testing import assertDataFrameEqual
 
     from generators.generate import COMPLETE_MARKER, generate_trace
     from generators.scenario import resolve_scenario
@@ -525,11 +529,5 @@ def test_live_trace_replayed_while_it_is_written_equals_batch(spark, tmp_path):
     assert sum(r["rows_in"] for r in marks) == len(run_ids) * read_events_arrow(trace)[1].num_rows
     assert sum(r["rows_late"] for r in marks) == 0
     assert len({r["batch"] for r in marks}) >= 2  # slices arrived over several micro-batches
-    expected = batch_tables(spark, trace, [parse_policy(p) for p in specs])
-    try:
-        for name in RUN_TABLES:
-            assertDataFrameEqual(lh.read(name).where(mine), lh.conform(name, expected[name]))
-    finally:
-        for df in expected.values():
-            df.unpersist()
+    assert_run_tables_equal_batch(spark, lh, mine, trace, [parse_policy(p) for p in specs])
     assert {r["status"] for r in lh.read("runs").where(mine).collect()} == {"succeeded"}

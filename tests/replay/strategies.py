@@ -194,3 +194,17 @@ def group_traces(max_brokers: int = 6, max_events: int = 70):
                             tails_ms=(0, 1, 1500, 7000)),
                      traces(max_brokers=max_brokers, max_events=max_events, duration_ms=8_000, kinds=QUORUM_KINDS,
                             tails_ms=(0, 1, 3000)))
+
+
+def event_table(events) -> pa.Table:
+    """A trace table from hand-written events: (ts_us, kind, broker | msg_id[, upto_us]); produce events carry
+    msg_id, size 1 and producer 0, no key (the pinned regressions' notation)."""
+    rows = []
+    for e in events:
+        ts, kind, who = e[:3]
+        produce = kind == "produce"
+        rows.append({"ts_us": ts, "kind": kind, "broker": None if produce else who, "msg_id": who if produce else None,
+                     "key": None, "size_bytes": 1 if produce else None, "producer_id": 0 if produce else None,
+                     "upto_us": e[3] if kind == "replicate" else None})
+    return pa.Table.from_pylist(rows, schema=EVENT_ARROW_SCHEMA)
+

@@ -14,7 +14,7 @@ from replay.local import replay_local
 from replay.results import StateRow, coalesce_states
 from schemas.outcomes import NULL_US, Error, Fate, Status
 
-from .strategies import kafka_policies, traces
+from .strategies import event_table, kafka_policies, traces
 
 WINDOW_US = 1_000_000
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -180,27 +180,12 @@ PINNED = [
 ]
 
 
-def _pinned_table(events):
-    import pyarrow as pa
-
-    from schemas.trace import EVENT_ARROW_SCHEMA
-
-    rows = []
-    for e in events:
-        ts, kind, who = e[:3]
-        produce = kind == "produce"
-        rows.append({"ts_us": ts, "kind": kind, "broker": None if produce else who, "msg_id": who if produce else None,
-                     "key": None, "size_bytes": 1 if produce else None, "producer_id": 0 if produce else None,
-                     "upto_us": e[3] if kind == "replicate" else None})
-    return pa.Table.from_pylist(rows, schema=EVENT_ARROW_SCHEMA)
-
-
 @pytest.mark.parametrize(("policy", "duration_us", "events", "outcomes", "timeline"), PINNED)
 def test_pinned_regressions(policy, duration_us, events, outcomes, timeline):
     from replay.policies import parse_policy
     from schemas.trace import Broker, Manifest
 
-    table = _pinned_table(events)
+    table = event_table(events)
     manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), duration_us)
     pol = parse_policy(policy)
     expected_states = [StateRow(*row) for row in timeline]

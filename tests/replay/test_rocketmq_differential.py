@@ -14,7 +14,7 @@ from replay.local import replay_local
 from replay.results import coalesce_states
 from schemas.outcomes import Error
 
-from .strategies import ROCKETMQ_POLICY_STRATEGIES, group_traces
+from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
 
 WINDOW_US = 1_000_000
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -168,19 +168,11 @@ REGRESSIONS = [
 
 @pytest.mark.parametrize(("policy", "brokers", "duration_us", "events"), REGRESSIONS)
 def test_pinned_regressions(policy, brokers, duration_us, events):
-    import pyarrow as pa
 
     from replay.policies import parse_policy
-    from schemas.trace import EVENT_ARROW_SCHEMA, Broker, Manifest
+    from schemas.trace import Broker, Manifest
 
-    rows = []
-    for e in events:
-        ts, kind, who = e[:3]
-        produce = kind == "produce"
-        rows.append({"ts_us": ts, "kind": kind, "broker": None if produce else who, "msg_id": who if produce else None,
-                     "key": None, "size_bytes": 1 if produce else None, "producer_id": 0 if produce else None,
-                     "upto_us": e[3] if kind == "replicate" else None})
-    table = pa.Table.from_pylist(rows, schema=EVENT_ARROW_SCHEMA)
+    table = event_table(events)
     manifest = Manifest("regression", tuple(Broker(i, f"r{i}") for i in range(brokers)), duration_us)
     check_case(manifest, table, parse_policy(policy))
     check_chunks(manifest, table, parse_policy(policy), [1000, 3_000_000, 8_004_000])
