@@ -928,6 +928,7 @@ class KafkaPartitionReplay:
         tgt = self.target
         if tgt < 0 or not self.up[self.ix[tgt]] or not self.iso[self.ix[tgt]]:
             self._schedule_switch(t)
+        self._ack_committed(t)  # as the reference: clients already on the new leader need no failover
 
     def _truncate_to_leader(self, i: int) -> None:
         ldr = self.leader

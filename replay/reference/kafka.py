@@ -438,6 +438,10 @@ class KafkaReference:
         self._mark_visible(t, n, self.hw)
         if self.target is None or not self.rep[self.target].up or not self.rep[self.target].isolated:
             self._schedule_switch(t)
+        if not self.virtual:
+            # Clients already writing to the new leader (it led before, e.g. an ex-zombie re-elected) need no
+            # failover: what the election committed is acknowledged now (rule 4), not at the next HW move.
+            self._ack_committed(t)
 
     def _truncate_to_leader(self, r: Replica) -> None:
         if self.leader is None or r.broker == self.leader:

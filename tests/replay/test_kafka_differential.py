@@ -201,3 +201,32 @@ def test_pinned_regressions(policy, duration_us, events, outcomes, timeline):
         chunked = replay_local(pol, manifest, table, engine="kernel", chunks=cuts)
         assert outcome_rows(chunked[0]) == outcome_rows(res), cuts
         assert chunked[0].states == res.states and chunked[0].unavailable == res.unavailable, cuts
+
+
+def test_re_elected_leader_acknowledges_what_its_election_commits_at_once():
+    """Found by the slow suite. Broker 1 leads partition 1 and is isolated at 0 (a zombie to its clients);
+    broker 0 shuts down at 5.724 s; m6 (7.255 s) is appended on broker 1 and cannot commit there (rule 10).
+    At 9 s broker 1 is fenced (offline: no other replica is up); at 9.001 s it heals and is elected again
+    (rule 8), ISR {1}: the high watermark passes m6 at the election. Its clients never left broker 1, so no
+    failover delay applies: m6 is acknowledged at 9.001 s (rule 4). (The kernel acknowledged it only at the
+    refresh-driven switch, 9.1 s; the reference only because produce events at 9.001 s moved the HW again.)"""
+    events = [(0, "isolate", 1), (0, "replicate", 0, 0), *[(3_000_000, "produce", m) for m in (1, 2, 3)],
+              (5_724_000, "produce", 4), (5_724_000, "shutdown", 0), *[(7_255_000, "produce", m) for m in (5, 6, 7)],
+              (9_001_000, "heal", 1)]
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), 40_000_000)
+    policy = parse_policy("kafka:partitions=2,delivery_timeout_ms=2000,replication_factor=2,"
+                          "replica_lag_time_max_ms=2000,strict_min_isr=false,request_timeout_ms=1000,"
+                          "metadata_max_age_ms=3000")
+    table = event_table(events)
+    acks = {}
+    for engine in ("reference", "kernel"):
+        results = replay_local(policy, manifest, table, engine=engine)
+        for res in results:
+            r = res.messages.records
+            acks.update({(engine, m): a for m, a in zip(r.msg_id.tolist(), r.ack_us.tolist())})
+    assert acks[("reference", 6)] == acks[("kernel", 6)] == 9_001_000
+    assert acks[("reference", 2)] == acks[("kernel", 2)] == NULL_US  # its deadline (5 s) passed in the zombie
+    _check((manifest, table, policy))
