@@ -3,7 +3,7 @@
 One loop over the partition's time-ordered events, explicit state, every rule cited. Written for reading and
 for differential tests, not for speed.
 
-Modelling choices where SPEC §3.2 leaves room (each is documented in the README's semantics notes):
+Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices" points here):
 - A broker that is isolated is not electable, even before the controller fences it.
 - The leader's view of a follower's log end (`fetched`) only changes when the follower fetches or truncates,
   so a follower's power loss does not pull the high watermark back. The high watermark never decreases within
