@@ -16,6 +16,9 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
            kinds: tuple[str, ...] | None = None, tails_ms: tuple[int, ...] | None = None):
     """A valid trace: per-broker fault state machines, replication reports only while up and reachable (with
     non-decreasing upto since the last restart), bursts of produces, same-instant collisions on a coarse grid.
+    Validity is judged in SPEC §2.2's same-instant order (faults, then restarts and heals, then reports), not in
+    row order: a broker changes fault state at most once per instant, and not after reporting at that instant
+    (else "crash, restart, crash" at one instant would crash a down broker, which the trace gate rejects).
     `kinds` (event kinds to sample from, repeated for weight) and `tails_ms` (time after the last event) default
     to the mix the Kafka tests were written with."""
     n = draw(st.integers(2, max_brokers))
@@ -24,6 +27,7 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
     up = [True] * n
     iso = [False] * n
     last_upto = [0] * n
+    touched = [-1] * n  # the last instant a broker changed state or reported
     msg_id = 0
     t = 0
     for _ in range(draw(st.integers(1, max_events))):
@@ -34,6 +38,8 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
         b = draw(st.integers(0, n - 1))
         kind = draw(st.sampled_from(list(kinds) if kinds else ["produce"] * 6 + ["replicate"] * 6 + [
             "crash", "power_loss", "disk_loss", "shutdown", "restart", "isolate", "heal"]))
+        if kind not in ("produce", "replicate") and touched[b] == ts:
+            continue
         if kind == "produce":
             for _ in range(draw(st.integers(1, 4))):
                 msg_id += 1
@@ -46,22 +52,27 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
                 upto = max(upto, last_upto[b])
                 last_upto[b] = upto
                 rows.append((ts, "replicate", b, None, None, None, None, upto))
+                touched[b] = ts
         elif kind in ("crash", "power_loss", "disk_loss", "shutdown"):
             if up[b]:
                 up[b] = False
                 rows.append((ts, kind, b, None, None, None, None, None))
+                touched[b] = ts
         elif kind == "restart":
             if not up[b]:
                 up[b] = True
                 last_upto[b] = draw(st.integers(0, ts))  # a new incarnation may start anywhere
                 rows.append((ts, kind, b, None, None, None, None, None))
+                touched[b] = ts
         elif kind == "isolate":
             if not iso[b]:
                 iso[b] = True
                 rows.append((ts, kind, b, None, None, None, None, None))
+                touched[b] = ts
         elif kind == "heal" and iso[b]:
             iso[b] = False
             rows.append((ts, kind, b, None, None, None, None, None))
+            touched[b] = ts
     cols = list(zip(*rows)) if rows else [[] for _ in range(8)]
     table = pa.table({f.name: pa.array(list(c), f.type) for f, c in zip(EVENT_ARROW_SCHEMA, cols)},
                      schema=EVENT_ARROW_SCHEMA)
