@@ -17,7 +17,9 @@ from schemas.outcomes import NULL_US, Error, Fate, Status
 from .strategies import event_table, kafka_policies, traces
 
 WINDOW_US = 1_000_000
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+# CI draws the same cases every run (derandomize): a red CI is a regression, never a lucky draw; `make
+# test-slow` explores at random.
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SLOW = settings(max_examples=20000, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -89,7 +91,7 @@ def test_strategy_produces_faults_and_traffic():
     """The generator is not degenerate: it yields faults, reports and produces together."""
     seen = set()
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=200, deadline=None, derandomize=True)  # a fixed draw: the check cannot flake
     @given(traces())
     def collect(trace):
         kinds = set(trace[1].column("kind").to_pylist())

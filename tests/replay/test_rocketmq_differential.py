@@ -17,6 +17,8 @@ from schemas.outcomes import Error
 from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
 
 WINDOW_US = 1_000_000
+# Random draws (not derandomized as the Kafka suite is): the fixed draw finds the open case pinned below
+# (`test_open_unavailability_end_mismatch`) and takes five minutes more.
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=10000, deadline=None, suppress_health_check=list(HealthCheck))
 FAMILIES = sorted(ROCKETMQ_POLICY_STRATEGIES)
@@ -176,3 +178,24 @@ def test_pinned_regressions(policy, brokers, duration_us, events):
     manifest = Manifest("regression", tuple(Broker(i, f"r{i}") for i in range(brokers)), duration_us)
     check_case(manifest, table, parse_policy(policy))
     check_chunks(manifest, table, parse_policy(policy), [1000, 3_000_000, 8_004_000])
+
+
+@pytest.mark.xfail(strict=True, reason="open: the engines end this unavailability interval 1 ms apart")
+def test_open_unavailability_end_mismatch():
+    """Found by a derandomized run (2026-11-22), not yet resolved: controller mode, both brokers crash at 0,
+    broker 0 restarts at 1 ms and crashes again at 2 ms when broker 1 restarts. Outcomes and timelines agree;
+    the reference ends the second unavailability interval at 101 ms, the kernel at 102 ms. Strict: the day the
+    engines agree this test fails and the case moves to REGRESSIONS with the SPEC-derived end."""
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    events = [(0, "crash", 0), *[(0, "produce", m) for m in (1, 2, 3)], (0, "crash", 1), (1000, "restart", 0),
+              (2000, "crash", 0), (2000, "restart", 1), *[(2000, "produce", m) for m in range(4, 19)]]
+    policy = parse_policy(
+        "rocketmq-controller:delivery_timeout_ms=800,slaves_per_master=1,queues_per_group=1,flush_least_bytes=0,"
+        "ha_max_time_slave_not_catchup_ms=2000,check_sync_state_set_period_ms=700,enable_elect_unclean_master=true,"
+        "slave_timeout_ms=400,controller_heartbeat_timeout_ms=1000,controller_scan_ms=300,"
+        "retry_times_when_send_failed=0,route_refresh_ms=700")
+    manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), 40_000_000)
+    check_case(manifest, event_table(events), policy)
+
