@@ -127,9 +127,6 @@ class Policy:
     flush_interval_ms: int | None = param(None, "async flush cadence: a message is durable on a broker at the "
                                           "first flush tick at or after it was written there", unit="ms",
                                           minimum=1, nullable=True, source="SPEC §3.1")
-    client_failover_ms: int = param(100, "time from a new leader being chosen to clients producing to it "
-                                    "(metadata refresh; undocumented in Kafka)", unit="ms", minimum=0,
-                                    source="SPEC §3.1; reference §A.6 ⚠")
     delivery_timeout_ms: int = param(120000, "a client gives up on a message this long after its first send",
                                      unit="ms", minimum=1, source="SPEC §3.1")
 
@@ -165,6 +162,10 @@ class KafkaPolicy(Policy):
     description: ClassVar[str] = "Apache Kafka ISR replication: acks, min.insync.replicas, clean/unclean " \
                                  "election, KRaft/ZooKeeper failover"
 
+    # Kafka only (SPEC §3.7 R-1): RocketMQ clients learn a new master at their route poll instead.
+    client_failover_ms: int = param(100, "time from a new leader being chosen to clients producing to it "
+                                    "(metadata refresh; undocumented in Kafka)", unit="ms", minimum=0,
+                                    source="SPEC §3.1; reference §A.6 ⚠")
     replication_factor: int = param(3, "replicas per partition", source="topic config", minimum=1,
                                     maximum=32)
     acks: Acks = param(Acks.ALL, "producer acks: `0`, `1` or `all`", source="K-ProducerConfig (all since 3.0)")

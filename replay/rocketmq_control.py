@@ -45,20 +45,28 @@ C6 DLedger (SPEC §3.4 rule 3): a leader that is down, or isolated, or cannot re
    included) for heartbeat_ms × max_heartbeat_leak steps down (a dead leader at once: the group has no leader
    from that instant). Followers notice a dead or isolated leader that long after it went silent and vote
    vote_delay_ms later; after a step-down the election runs vote_delay_ms after a majority is up and reachable.
-   A leader takes writes while it is up, not isolated and clients reached it (client_failover_ms after its
-   election). `shutdown` is detected like a crash (DLedger has no controlled leadership hand-over).
+   A leader takes writes while it is up, not isolated and clients know it (R-1 below). `shutdown` is detected
+   like a crash (DLedger has no controlled leadership hand-over).
 C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable is noticed at once (at that
    instant, after its trace events); one that loses power or disk or is isolated at the first controller scan
    tick (every controller_scan_ms from 0) at least controller_heartbeat_timeout_ms later, or when its new
    incarnation registers (restart; the election then runs at once, before that instant's sends), whichever is
    first; an isolation healed before then changes nothing.
-   Clients reach a new master client_failover_ms after its election, except that clients of an isolated old
-   master (a "zombie", which still takes writes, SPEC §3.3 rule 3) keep writing to it until their next route
-   poll, its heal or its stop (then client_failover_ms later), whatever elections happen meanwhile. A master
-   that restarted while isolated serves nothing until its new incarnation registers. A group without an
-   eligible member elects whenever one comes back. The kernel adds one data-dependent case the router cannot
+   Clients of an isolated old master (a "zombie", which still takes writes, SPEC §3.3 rule 3) keep writing to
+   it until their next route poll, its heal or its stop (then it refuses, R-1), whatever elections happen
+   meanwhile. A master that restarted while isolated serves nothing until its new incarnation registers. A group
+   without an eligible member elects whenever one comes back. The kernel adds one data-dependent case the router cannot
    see: no SyncStateSet member is eligible (and no unclean election); that group takes no writes (`no_leader`)
    until one is.
+R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`):
+   `dledger` and `rocketmq-controller` clients learn a group's master only from their route polls (every
+   route_refresh_ms from 0; the poll at 0 is the initial route, first member as master). `target` is the
+   client-known master, set at every poll (after the events of its instant) to the group's master of that moment
+   (None if none); a send to the group is taken only if that broker is still its master (or a zombie) and takes
+   writes, else it is refused at once and retried on another group (rule 3). Polls are scheduled lazily, at the
+   first poll at or after a leader change; re-electing the client-known broker needs none. A C8 refetch (empty
+   route) refreshes the queue list only: the client-known masters change at polls (RocketMQ keeps its old route
+   when the NameServer has none for the topic, so only a poll that finds the group teaches its new master).
 """
 
 from __future__ import annotations
@@ -235,6 +243,23 @@ class ControlPlane:
         self.ns_pending = False
         self.registered = False
 
+    # ------------------------------------------------------------------- route polls (SPEC §3.7 R-1)
+    def _poll_at(self, t: int) -> int:
+        """The first route poll at or after t: polls run every route_refresh_ms from 0, and the poll at 0 is the
+        initial route (every group, its first member as master), so the first that can teach anything is at r."""
+        r = self.p.route_refresh_ms * MS
+        return max(r, -(-t // r) * r)
+
+    def _schedule_poll(self, t: int) -> None:
+        """R-1: clients learn the group's master only from the NameServer route (`MQClientInstance`
+        pollNameServerInterval): at their next poll, which sees the state after every event of its instant."""
+        self._push(self._poll_at(t), C_POLL, "poll")
+
+    def _on_poll(self, t: int, _: int) -> None:
+        self.target = self.leader  # the group's master of that moment, None if it has none
+        if self.hooks is not None:
+            self.hooks.on_switch(t)
+
     def _register_leader(self, b: int) -> None:
         self.reg_broker = b
         self.registered = True
@@ -267,11 +292,11 @@ class DLedgerControl(ControlPlane):
         self.silent_since: int | None = None  # when the current leader stopped reaching the group
         self.waiting = False  # leaderless, noticed, waiting for a majority to vote
         self.stepdown_pending = False
-        self.client_epoch = 0  # the leader epoch clients have reached (rule 3: client_failover_ms after a vote)
 
     def writable(self) -> bool:
+        """R-1: the client-known broker (`target`, set at route polls) is still the leader and takes writes."""
         ldr = self.leader
-        return ldr is not None and self.client_epoch == self.epoch and self.alive(ldr)
+        return ldr is not None and self.target == ldr and self.alive(ldr)
 
     def _reach(self) -> int:
         ldr = self.leader
@@ -312,6 +337,7 @@ class DLedgerControl(ControlPlane):
         self.silent_since = None
         self.stepdown_pending = False
         self._cancel("stepdown")
+        self._schedule_poll(t)  # R-1: the next poll tells clients the group has no master
         if self.hooks is not None:
             self.hooks.on_leader_lost(t)
 
@@ -335,14 +361,9 @@ class DLedgerControl(ControlPlane):
         self._register_leader(voters[0])
         if self.hooks is not None:
             self.hooks.on_elect(t, voters[0], tuple(voters))
-        self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch", self.epoch)
+        if voters[0] != self.target:
+            self._schedule_poll(t)  # R-1: re-electing the client-known broker needs no poll
         self._quorum_check(t)
-
-    def _on_switch(self, t: int, epoch: int) -> None:
-        self.client_epoch = epoch
-        self.target = self.leader
-        if self.hooks is not None:
-            self.hooks.on_switch(t)
 
     def trace(self, t: int, kind: Kind, b: int) -> None:
         ldr = self.leader
@@ -359,11 +380,17 @@ class ControllerControl(ControlPlane):
         super().__init__(policy, members, hooks)
         self.reincarnated = False  # the master restarted while its death was not yet noticed
         self.detect_pending = False
+        self.zombie: int | None = None  # a replaced master, isolated, that still believes it leads (C7)
 
     def writable(self) -> bool:
+        """R-1: the client-known broker is still the master (or a zombie that believes it is) and is up."""
         tgt = self.target
-        # a master that restarted while isolated serves nothing until its new incarnation registers (C7)
-        return tgt is not None and self.up[tgt] and not (tgt == self.leader and self.reincarnated)
+        if tgt is None or not self.up[tgt]:
+            return False
+        if tgt == self.leader:
+            # a master that restarted while isolated serves nothing until its new incarnation registers (C7)
+            return not self.reincarnated
+        return tgt == self.zombie
 
     def _scan_deadline(self, t: int) -> int:
         scan = self.p.controller_scan_ms * MS
@@ -387,8 +414,8 @@ class ControllerControl(ControlPlane):
                 else:
                     self.detect_pending = False
                     self._cancel("detect")  # an isolation healed before the deadline changes nothing
-        if b == self.target and b != m and kind in (*STOPS, Kind.HEAL):
-            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")  # clients of a zombie move on
+        if b == self.zombie and kind in (*STOPS, Kind.HEAL):
+            self.zombie = None  # R-1: a zombie that stops refuses, one that heals learns it is no master
         if m is None and self.alive(b):
             self._push(t, C_ELECT, "elect")  # an offline group elects when a member comes back
 
@@ -412,34 +439,28 @@ class ControllerControl(ControlPlane):
 
     def _elect(self, t: int) -> None:
         self.reincarnated = False
+        old = self.leader
+        if self.zombie is None and old is not None and old == self.target and self.up[old] and self.iso[old]:
+            self.zombie = old  # clients keep writing to the isolated master they know until their next poll
         eligible = [b for b in self.members if self.alive(b)]
         if not eligible:
             self.leader = None
             if self.hooks is not None:
                 self.hooks.on_offline(t)
+            self._schedule_poll(t)
             return
         new = eligible[0]
         self.leader = new
         self.epoch += 1
         self._register_leader(new)
-        tgt = self.target  # clients on an isolated broker (the replaced master, or an earlier zombie) stay
-        zombie = tgt is not None and tgt != new and self.up[tgt] and self.iso[tgt]
         if self.hooks is not None:
             self.hooks.on_elect(t, new, tuple(eligible))
-        if zombie:
-            r = self.p.route_refresh_ms * MS
-            self._push(-(-t // r) * r, C_POLL, "poll")  # clients of the zombie learn at their next poll
-        else:
-            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")
-
-    def _on_switch(self, t: int, _: int) -> None:
-        self._cancel("poll")
-        self.target = self.leader
-        if self.hooks is not None:
-            self.hooks.on_switch(t)
+        if new != self.target:
+            self._schedule_poll(t)  # R-1: clients learn the new master at their next route poll
 
     def _on_poll(self, t: int, _: int) -> None:
-        self._on_switch(t, 0)
+        self.zombie = None
+        super()._on_poll(t, _)
 
 
 CONTROL_CLASSES = {"rocketmq": ClassicControl, "dledger": DLedgerControl, "rocketmq-controller": ControllerControl}
@@ -455,7 +476,7 @@ class GroupTimeline:
     """A group's control states after every change, keyed (SPEC §2.2 order): a step function."""
 
     keys: np.ndarray  # int64, sorted; keys[0] = -1 (the initial state)
-    writable: np.ndarray  # bool
+    writable: np.ndarray  # bool: a send the clients make now is taken (R-1)
     registered: np.ndarray  # bool
     quorum: np.ndarray  # bool: a majority of members up and not isolated (DLedger)
 

@@ -64,9 +64,9 @@ class RocketMQGroupFamily:
         common = ["queues_per_group", "route_refresh_ms", "retry_times_when_send_failed"]
         extra = {
             "rocketmq": ["groups", "slaves_per_master", "ordered"],
-            "rocketmq-controller": ["groups", "slaves_per_master", "client_failover_ms",
-                                    "controller_heartbeat_timeout_ms", "controller_scan_ms"],
-            "dledger": ["group_size", "client_failover_ms", "delivery_timeout_ms", "heartbeat_ms",
+            "rocketmq-controller": ["groups", "slaves_per_master", "controller_heartbeat_timeout_ms",
+                                    "controller_scan_ms"],
+            "dledger": ["group_size", "delivery_timeout_ms", "heartbeat_ms",
                         "max_heartbeat_leak", "vote_delay_ms", "max_wait_ack_ms"],
         }[policy.family]
         return (policy.family, *((f, getattr(policy, f)) for f in common + extra))

@@ -1162,6 +1162,7 @@ class ControllerReplay(GroupReplay):
         return self.zombie is not None and b == self.zombie["broker"]
 
     def _serving(self) -> int | None:
+        """The broker the clients' route points to (R-1), if it takes writes."""
         tgt = self.cp.target
         if tgt is None or not self.cp.up[tgt]:
             return None

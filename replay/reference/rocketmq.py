@@ -73,7 +73,6 @@ from replay.rocketmq_control import (
     C_FLUSH,
     C_LAST,
     C_POLL,
-    C_SWITCH,
     C_TIMEOUT,
     KEY,
     STOPS,
@@ -609,7 +608,7 @@ class DLedgerReference(GroupReference):
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
         self.leader: int | None = members[0]
-        self.client_epoch = 0  # the leader epoch clients have reached
+        self.target: int | None = members[0]  # the leader clients know from their last route poll (R-1)
         self.commit = 0
         self.silent_since: int | None = None
         self.stepdown_at: int | None = None
@@ -620,9 +619,11 @@ class DLedgerReference(GroupReference):
         return self.leader
 
     def _writable(self) -> bool:
-        """Rule 1: a group takes writes while it has a leader that clients reach and that is not isolated."""
+        """Rule 1 with SPEC §3.7 R-1: a group takes writes while the broker its clients know from their last route
+        poll (`MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`) is
+        still its leader and that leader is not isolated."""
         ldr = self.leader
-        return ldr is not None and self.client_epoch == self.epoch and self.rep[ldr].alive
+        return ldr is not None and self.target == ldr and self.rep[ldr].alive
 
     def _arrive(self, t: int, msg: Msg) -> None:
         if not self._writable():
@@ -665,17 +666,22 @@ class DLedgerReference(GroupReference):
         self.elect_at = at
         self._push(at, C_ELECT, "elect")
 
-    def _lose_leader(self) -> None:
+    def _lose_leader(self, t: int) -> None:
         self.leader = None
         self.silent_since = None
         self.stepdown_at = None
+        self._push(_next_poll(self.p, t), C_POLL, "poll")  # R-1: the next poll finds no master
+
+    def _on_poll(self, t: int, _: int) -> None:
+        """SPEC §3.7 R-1: at every route poll clients learn the group's leader of that moment (none if none)."""
+        self.target = self.leader
 
     def _stop(self, t: int, b: int, kind: Kind) -> None:
         was_iso = self.rep[b].isolated
         self._lose_data(t, self.rep[b], kind)
         if b == self.leader:
             silent = self.silent_since if was_iso and self.silent_since is not None else t
-            self._lose_leader()
+            self._lose_leader(t)
             # noticed, then a vote (a lone member's isolated leader may die after that delay: vote now)
             self._schedule_election(max(silent + self.detect_us + self.vote_us, t))
         elif self.leader is not None:
@@ -709,7 +715,7 @@ class DLedgerReference(GroupReference):
         if self.stepdown_at != t or self.leader is None:
             return
         isolated = self.rep[self.leader].isolated
-        self._lose_leader()
+        self._lose_leader(t)
         if not isolated:
             self.await_majority = True  # no majority: the group takes no writes until one returns
 
@@ -722,7 +728,8 @@ class DLedgerReference(GroupReference):
             self.await_majority = True
             return
         self._elect(t, voters)
-        self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch", self.epoch)
+        if self.leader != self.target:
+            self._push(_next_poll(self.p, t), C_POLL, "poll")  # R-1: a re-elected known leader needs no poll
         self._quorum_check(t)
 
     def _elect(self, t: int, voters: list[int]) -> None:
@@ -741,9 +748,6 @@ class DLedgerReference(GroupReference):
         ends = sorted((len(lead) if b == new else self.rep[b].fetched for b in self.order), reverse=True)
         self.commit = ends[self.q - 1]
         self._mark_visible(t, self.rep[new], 0, self.commit)
-
-    def _on_switch(self, t: int, epoch: int) -> None:
-        self.client_epoch = epoch  # rule 3: clients reach the new leader client_failover_ms later
 
     # ----- records
     def _state_row(self, t: int) -> StateRow:
@@ -766,6 +770,13 @@ class DLedgerReference(GroupReference):
         if self.leader is None:
             self._elect(t, list(self.order))
         return self.rep[self.leader].log
+
+
+def _next_poll(p: Policy, t: int) -> int:
+    """SPEC §3.7 R-1: the first route poll at or after t (polls every route_refresh_ms from 0; the poll at 0 is
+    the initial route, so the first that can teach clients a new master is at route_refresh_ms)."""
+    r = p.route_refresh_ms * MS
+    return max(r, -(-t // r) * r)
 
 
 def _last_epoch(log: list[Entry]) -> int:
@@ -799,7 +810,6 @@ class ControllerReference(GroupReference):
         self.blocked = False  # the master has no eligible log yet (no SyncStateSet member alive)
         self.detect_key: int | None = None
         self.reincarnated = False
-        self.poll_pending = False
 
     def _start(self) -> None:
         super()._start()
@@ -813,6 +823,7 @@ class ControllerReference(GroupReference):
 
     # ----- serving and commit
     def _serving(self) -> int | None:
+        """The broker the clients' route points to (R-1), if it takes writes."""
         tgt = self.target
         if tgt is None or not self.rep[tgt].up:
             return None
@@ -926,9 +937,7 @@ class ControllerReference(GroupReference):
             elif self.detect_key is None:
                 self._detect(self._scan_deadline(t))
         if self.zombie is not None and b == self.zombie.broker:
-            self.zombie = None
-        if b == self.target and b != self.master:
-            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")
+            self.zombie = None  # R-1: a stopped zombie refuses the connection; clients learn at their next poll
 
     def _scan_deadline(self, t: int) -> int:
         scan = self.p.controller_scan_ms * MS
@@ -966,8 +975,6 @@ class ControllerReference(GroupReference):
         elif self.rep[b].up and self.master is not None and not self.blocked:
             r = self.rep[b]
             self._truncate(r, common_prefix(r.log, self.rep[self.master].log))  # an old master rejoins
-        if b == self.target and b != self.master:
-            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")
         self._member_back(t, b)
 
     def _member_back(self, t: int, b: int) -> None:
@@ -999,17 +1006,15 @@ class ControllerReference(GroupReference):
         self.iso_view = None
         if not eligible:
             self.master = None
+            self._push(_next_poll(self.p, t), C_POLL, "poll")  # R-1: the next poll finds no master
             return
         self.master = eligible[0]
         self.epoch += 1
         self.blocked = True
         self._unblock(t)
-        if self.zombie is not None and self.zombie.broker == self.target:
-            r = self.p.route_refresh_ms * MS
-            self.poll_pending = True
-            self._push(-(-t // r) * r, C_POLL, "poll")  # clients of the zombie learn at their next poll
-        else:
-            self._push(t + self.p.client_failover_ms * MS, C_SWITCH, "switch")
+        if self.master != self.target:
+            # R-1: clients (also those of a zombie) learn the new master at their next route poll
+            self._push(_next_poll(self.p, t), C_POLL, "poll")
 
     def _unblock(self, t: int) -> None:
         """The new master takes the best alive SyncStateSet log by (epoch, offset), or any alive replica's with
@@ -1034,14 +1039,10 @@ class ControllerReference(GroupReference):
         self.hw = len(lead)
         self._mark_visible(t, self.rep[m], 0, self.hw)
 
-    def _on_switch(self, t: int, _: int) -> None:
-        self.poll_pending = False
+    def _on_poll(self, t: int, _: int) -> None:
+        """SPEC §3.7 R-1: at a route poll clients learn the group's master of that moment (none if none)."""
         self.target = self.master
         self.zombie = None
-
-    def _on_poll(self, t: int, _: int) -> None:
-        if self.poll_pending:
-            self._on_switch(t, 0)
 
     # ----- records
     def _state_row(self, t: int) -> StateRow:

@@ -128,7 +128,6 @@ def _client_params(draw) -> dict:
         "retry_times_when_send_failed": draw(st.integers(0, 2)),
         "route_refresh_ms": draw(st.sampled_from([700, 5000, 30000])),
         "delivery_timeout_ms": draw(st.sampled_from([800, 3000, 9000])),
-        "client_failover_ms": draw(st.sampled_from([0, 100, 1500])),
     }
 
 

@@ -151,7 +151,7 @@ def test_library_traces_kernel_matches_reference_slow(name, scale, policy):
 
 # --------------------------------------------------------------------------------- pinned regressions
 # Cases the slow suite found (minimized): (policy, brokers, duration_us, events as (ts_us, kind, broker|msg_id)).
-_CTRL = ("rocketmq-controller:client_failover_ms=0,delivery_timeout_ms=800,slaves_per_master=1,queues_per_group=1,"
+_CTRL = ("rocketmq-controller:delivery_timeout_ms=800,slaves_per_master=1,queues_per_group=1,"
          "flush_least_bytes=0,ha_max_time_slave_not_catchup_ms=2000,all_ack_in_sync_state_set=true,"
          "slave_timeout_ms=400,controller_heartbeat_timeout_ms=1000,controller_scan_ms=300,"
          "retry_times_when_send_failed=0")
@@ -180,12 +180,14 @@ def test_pinned_regressions(policy, brokers, duration_us, events):
     check_chunks(manifest, table, parse_policy(policy), [1000, 3_000_000, 8_004_000])
 
 
-@pytest.mark.xfail(strict=True, reason="open: the engines end this unavailability interval 1 ms apart")
-def test_open_unavailability_end_mismatch():
-    """Found by a derandomized run (2026-11-22), not yet resolved: controller mode, both brokers crash at 0,
-    broker 0 restarts at 1 ms and crashes again at 2 ms when broker 1 restarts. Outcomes and timelines agree;
-    the reference ends the second unavailability interval at 101 ms, the kernel at 102 ms. Strict: the day the
-    engines agree this test fails and the case moves to REGRESSIONS with the SPEC-derived end."""
+def test_offline_group_reelection_waits_for_the_route_poll():
+    """Found by a derandomized run (2026-11-22), when the engines ended the second unavailability interval 1 ms
+    apart (101 vs 102 ms: client_failover_ms after the 1 ms or the 2 ms election); decided by SPEC §3.7 R-1.
+    Controller mode, route_refresh_ms=700: both brokers crash at 0 (no master: unavailable from 0). Broker 0
+    restarts at 1 ms, registers and is elected at once; it is the master clients know from the initial route
+    (R-1: re-electing the client-known broker needs no poll), so writes resume at 1 ms. It crashes again at
+    2 ms (noticed at once) while broker 1 restarts: broker 1 is elected at 2 ms, and clients learn it at the
+    first route poll at or after that, 700 ms. Every send (0 ms, 2 ms) goes to a down broker 0: no_route."""
     from replay.policies import parse_policy
     from schemas.trace import Broker, Manifest
 
@@ -197,5 +199,9 @@ def test_open_unavailability_end_mismatch():
         "slave_timeout_ms=400,controller_heartbeat_timeout_ms=1000,controller_scan_ms=300,"
         "retry_times_when_send_failed=0,route_refresh_ms=700")
     manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), 40_000_000)
-    check_case(manifest, event_table(events), policy)
-
+    table = event_table(events)
+    check_case(manifest, table, policy)
+    for engine in ("reference", "kernel"):
+        [result] = replay_local(policy, manifest, table, engine=engine)
+        assert result.unavailable == [(0, 1000), (2000, 700_000)], engine
+        assert set(result.messages.records.error.tolist()) == {int(Error.NO_ROUTE)}, engine
