@@ -289,6 +289,8 @@ class DLedgerControl(ControlPlane):
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
+        self.hb_us = policy.heartbeat_ms * MS
+        self.elected_at: int | None = None  # None: the initial leader, leading since before the trace
         self.silent_since: int | None = None  # when the current leader stopped reaching the group
         self.waiting = False  # leaderless, noticed, waiting for a majority to vote
         self.stepdown_pending = False
@@ -297,6 +299,13 @@ class DLedgerControl(ControlPlane):
         """R-1: the client-known broker (`target`, set at route polls) is still the leader and takes writes."""
         ldr = self.leader
         return ldr is not None and self.target == ldr and self.alive(ldr)
+
+    def _last_heartbeat(self, t: int) -> int:
+        """R-3 (SPEC §3.7, `DLedgerLeaderElector`): the leader's last heartbeat round before a failure at t: the
+        greatest multiple of heartbeat_ms strictly before t, or its election instant (a new leader heartbeats at
+        once, lastSendHeartBeatTime = -1) if later."""
+        tick = (t - 1) // self.hb_us * self.hb_us
+        return tick if self.elected_at is None else max(tick, self.elected_at)
 
     def _reach(self) -> int:
         ldr = self.leader
@@ -309,7 +318,7 @@ class DLedgerControl(ControlPlane):
         if self._reach() < self.q:
             if not self.stepdown_pending:
                 self.stepdown_pending = True
-                self._push(t + self.detect_us, C_DETECT, "stepdown")
+                self._push(self._last_heartbeat(t) + self.detect_us, C_DETECT, "stepdown")
         elif self.stepdown_pending:
             self.stepdown_pending = False
             self._cancel("stepdown")
@@ -318,8 +327,9 @@ class DLedgerControl(ControlPlane):
         ldr = self.leader
         if b == ldr and kind in STOPS:
             silent = self.silent_since if was_iso and self.silent_since is not None else t
+            last = self._last_heartbeat(silent)  # R-3: followers count from the last heartbeat they received
             self._lose_leader(t)
-            self._push(max(silent + self.detect_us + self.vote_us, t), C_ELECT, "elect")
+            self._push(max(last + self.detect_us + self.vote_us, t), C_ELECT, "elect")
             return
         if b == ldr and kind is Kind.ISOLATE:
             self.silent_since = t
@@ -357,6 +367,7 @@ class DLedgerControl(ControlPlane):
             return
         self.waiting = False
         self.leader = voters[0]
+        self.elected_at = t
         self.epoch += 1
         self._register_leader(voters[0])
         if self.hooks is not None:
@@ -369,8 +380,8 @@ class DLedgerControl(ControlPlane):
         ldr = self.leader
         super().trace(t, kind, b)
         if ldr is not None and b == ldr and kind is Kind.ISOLATE:
-            # followers stop hearing the isolated leader: they vote detect + vote delay later (C6)
-            self._push(t + self.detect_us + self.vote_us, C_ELECT, "elect")
+            # followers stop hearing the isolated leader: they vote detect + vote delay after its last heartbeat
+            self._push(self._last_heartbeat(t) + self.detect_us + self.vote_us, C_ELECT, "elect")
 
 
 class ControllerControl(ControlPlane):

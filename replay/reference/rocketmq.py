@@ -607,6 +607,8 @@ class DLedgerReference(GroupReference):
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
+        self.hb_us = policy.heartbeat_ms * MS
+        self.elected_at: int | None = None  # the initial leader leads from before the trace
         self.leader: int | None = members[0]
         self.target: int | None = members[0]  # the leader clients know from their last route poll (R-1)
         self.commit = 0
@@ -649,6 +651,15 @@ class DLedgerReference(GroupReference):
             self._ack_upto(t, ldr, self.epoch, self.commit)
 
     # ----- control (rule 3, C6)
+    def _heard_last(self, t: int) -> int:
+        """SPEC §3.7 R-3 (`DLedgerLeaderElector`: followers notice leader loss when
+        elapsed(lastLeaderHeartBeatTime) > maxHeartBeatLeak × heartBeatTimeIntervalMs): the leader heartbeats at
+        every multiple of heartbeat_ms from 0 and none at the instant it fails, so the last heartbeat before a
+        failure at t is the greatest multiple strictly before t; a leader elected later than that heartbeats at its
+        election (maintainAsLeader with lastSendHeartBeatTime = -1)."""
+        last = (t - 1) // self.hb_us * self.hb_us
+        return last if self.elected_at is None else max(last, self.elected_at)
+
     def _reach(self) -> int:
         return 1 if self.rep[self.leader].isolated else len(self._alive_members())
 
@@ -657,7 +668,7 @@ class DLedgerReference(GroupReference):
             return
         if self._reach() < self.q:
             if self.stepdown_at is None:
-                self.stepdown_at = t + self.detect_us
+                self.stepdown_at = self._heard_last(t) + self.detect_us  # R-3/R-4: from its last good round
                 self._push(self.stepdown_at, C_DETECT, "stepdown")
         else:
             self.stepdown_at = None
@@ -681,9 +692,10 @@ class DLedgerReference(GroupReference):
         self._lose_data(t, self.rep[b], kind)
         if b == self.leader:
             silent = self.silent_since if was_iso and self.silent_since is not None else t
+            heard = self._heard_last(silent)
             self._lose_leader(t)
             # noticed, then a vote (a lone member's isolated leader may die after that delay: vote now)
-            self._schedule_election(max(silent + self.detect_us + self.vote_us, t))
+            self._schedule_election(max(heard + self.detect_us + self.vote_us, t))
         elif self.leader is not None:
             self._quorum_check(t)
 
@@ -691,7 +703,7 @@ class DLedgerReference(GroupReference):
         if b == self.leader:
             self.silent_since = t
             self._quorum_check(t)  # an isolated leader reaches no majority: it steps down detect_us later
-            self._schedule_election(t + self.detect_us + self.vote_us)
+            self._schedule_election(self._heard_last(t) + self.detect_us + self.vote_us)
         elif self.leader is not None:
             self._quorum_check(t)
 
@@ -738,6 +750,7 @@ class DLedgerReference(GroupReference):
         new = voters[0]
         self._adopt(t, self.rep[new], self.rep[best])
         self.leader = new
+        self.elected_at = t
         self.epoch += 1
         lead = self.rep[new].log
         for b in self.order:  # others truncate to the common prefix with the new leader
