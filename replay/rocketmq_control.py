@@ -296,9 +296,16 @@ class DLedgerControl(ControlPlane):
         self.stepdown_pending = False
 
     def writable(self) -> bool:
-        """R-1: the client-known broker (`target`, set at route polls) is still the leader and takes writes."""
+        """R-1: the client-known broker (`target`, set at route polls) is still the leader and is up. R-4
+        (`DLedgerServer.handleAppend` checks only leadership): an isolated leader takes writes too, until it
+        steps down; they cannot commit (C2 retries them elsewhere)."""
         ldr = self.leader
-        return ldr is not None and self.target == ldr and self.alive(ldr)
+        return ldr is not None and self.target == ldr and self.up[ldr]
+
+    def can_commit(self) -> bool:
+        """The leader reaches a majority (itself included): an entry it takes can commit (C2)."""
+        ldr = self.leader
+        return ldr is not None and self.alive(ldr) and self.alive_count() >= self.q
 
     def _last_heartbeat(self, t: int) -> int:
         """R-3 (SPEC §3.7, `DLedgerLeaderElector`): the leader's last heartbeat round before a failure at t: the
@@ -489,7 +496,7 @@ class GroupTimeline:
     keys: np.ndarray  # int64, sorted; keys[0] = -1 (the initial state)
     writable: np.ndarray  # bool: a send the clients make now is taken (R-1)
     registered: np.ndarray  # bool
-    quorum: np.ndarray  # bool: a majority of members up and not isolated (DLedger)
+    quorum: np.ndarray  # bool: DLedger: the leader reaches a majority (an entry can commit)
 
     def at(self, query: np.ndarray) -> np.ndarray:
         """Index of the state in force at each query key (the last change at or before it)."""
@@ -501,7 +508,10 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
     """Run the control plane over the whole fault timeline and record its state after each event."""
     cp = control_plane(policy, members)
     q = majority(len(members))
-    rows = [(-1, cp.writable(), cp.registered, cp.alive_count() >= q)]
+    def quorum() -> bool:
+        return cp.can_commit() if isinstance(cp, DLedgerControl) else cp.alive_count() >= q
+
+    rows = [(-1, cp.writable(), cp.registered, quorum())]
     mine = np.isin(control.broker_id, np.array(members, dtype=np.int64))
     ts, kinds, bs = control.broker_ts[mine], control.broker_kind[mine], control.broker_id[mine]
     j = 0
@@ -517,7 +527,7 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
             j += 1
         else:
             cp.pop()
-        state = (cp.writable(), cp.registered, cp.alive_count() >= q)
+        state = (cp.writable(), cp.registered, quorum())
         if state != rows[-1][1:]:
             if rows[-1][0] == k:
                 rows[-1] = (k, *state)

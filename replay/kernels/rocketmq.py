@@ -1077,7 +1077,8 @@ class DLedgerReplay(GroupReplay):
         self.commit = int(out["hw"][-1])
 
     def _blocked(self) -> bool:
-        return not self.cp.writable() or self.cp.alive_count() < self.q
+        # R7: refusing (R-4: a leader without a reachable majority takes writes that cannot commit)
+        return not self.cp.writable() or not self.cp.can_commit()
 
     def _ack_point_now(self, s: int) -> int | None:
         return self.commit

@@ -623,9 +623,15 @@ class DLedgerReference(GroupReference):
     def _writable(self) -> bool:
         """Rule 1 with SPEC §3.7 R-1: a group takes writes while the broker its clients know from their last route
         poll (`MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`) is
-        still its leader and that leader is not isolated."""
+        still its leader and is up. SPEC §3.7 R-4 (`DLedgerServer.handleAppend` checks only leadership and a full
+        pending queue): an isolated leader still appends until it steps down; its entries cannot commit, fail
+        with IN_SYNC_REPLICAS_NOT_ENOUGH after max_wait_ack_ms (R1) and survive if its log wins a later vote."""
         ldr = self.leader
-        return ldr is not None and self.target == ldr and self.rep[ldr].alive
+        return ldr is not None and self.target == ldr and self.rep[ldr].up
+
+    def _can_commit(self) -> bool:
+        ldr = self.leader
+        return ldr is not None and self.rep[ldr].alive and len(self._alive_members()) >= self.q
 
     def _arrive(self, t: int, msg: Msg) -> None:
         if not self._writable():
@@ -767,8 +773,8 @@ class DLedgerReference(GroupReference):
         return self._row(t, self.leader, tuple(self._alive_members()), self.commit)
 
     def _availability(self) -> tuple[bool, int | None]:
-        if not self._writable() or len(self._alive_members()) < self.q:
-            return True, None
+        if not self._writable() or not self._can_commit():
+            return True, None  # R7: no leader clients know, or one that cannot reach a majority (R-4)
         return False, self._stall_from(self.leader, self.commit, self.p.max_wait_ack_ms)
 
     def _end_view(self):

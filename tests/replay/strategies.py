@@ -126,7 +126,8 @@ def _client_params(draw) -> dict:
     return {
         "queues_per_group": draw(st.integers(1, 3)),
         "retry_times_when_send_failed": draw(st.integers(0, 2)),
-        "route_refresh_ms": draw(st.sampled_from([700, 5000, 30000])),
+        # short polls put faults at every phase of the route poll (SPEC §3.7 R-1), long ones after the trace
+        "route_refresh_ms": draw(st.sampled_from([300, 700, 1000, 5000, 30000])),
         "delivery_timeout_ms": draw(st.sampled_from([800, 3000, 9000])),
     }
 
@@ -155,7 +156,8 @@ def rocketmq_policies(draw, n_brokers: int):
 @st.composite
 def dledger_policies(draw, n_brokers: int):
     params = {
-        "group_size": draw(st.integers(1, min(5, n_brokers))),
+        # one group of every broker half the time: elections in single-group layouts
+        "group_size": draw(st.one_of(st.just(min(5, n_brokers)), st.integers(1, min(5, n_brokers)))),
         "heartbeat_ms": draw(st.sampled_from([300, 2000])),
         "max_heartbeat_leak": draw(st.integers(1, 3)),
         "vote_delay_ms": draw(st.sampled_from([0, 650])),
@@ -198,12 +200,20 @@ GROUP_KINDS = ("produce",) * 7 + ("replicate",) * 6 + (
 QUORUM_KINDS = ("produce",) * 8 + ("replicate",) * 3 + ("crash",) * 3 + ("restart", "isolate")
 
 
+#: Leaders cut off and back (DLedger leaders that keep taking writes, R-4; controller zombies, R-1) and slaves that
+#: crash under allAckInSyncStateSet (C-1).
+ISOLATION_KINDS = ("produce",) * 7 + ("replicate",) * 5 + ("isolate",) * 3 + ("heal",) * 3 + (
+    "crash", "power_loss", "restart", "restart")
+
+
 def group_traces(max_brokers: int = 6, max_events: int = 70):
     return st.one_of(traces(max_brokers=max_brokers, max_events=max_events),
                      traces(max_brokers=max_brokers, max_events=max_events, duration_ms=10_000, kinds=GROUP_KINDS,
                             tails_ms=(0, 1, 1500, 7000)),
                      traces(max_brokers=max_brokers, max_events=max_events, duration_ms=8_000, kinds=QUORUM_KINDS,
-                            tails_ms=(0, 1, 3000)))
+                            tails_ms=(0, 1, 3000)),
+                     traces(max_brokers=max_brokers, max_events=max_events, duration_ms=12_000,
+                            kinds=ISOLATION_KINDS, tails_ms=(0, 1, 2500, 9000)))
 
 
 def event_table(events) -> pa.Table:
