@@ -112,6 +112,8 @@ ZK_SESSION_TIMEOUT_MS = 18000  # zookeeper.session.timeout.ms since 2.5 [K-ZkCon
 OS_WRITEBACK_EXPIRE_MS = 30000  # dirty_expire_interval [Linux-wb]
 OS_WRITEBACK_PERIOD_MS = 5000  # dirty_writeback_interval [Linux-wb]
 NAMESERVER_EXPIRY_MS = 120000  # DEFAULT_BROKER_CHANNEL_EXPIRED_TIME [R-RouteInfo]
+CONTROLLER_FIRST_SCAN_MS = 2000  # first heartbeat scan after start [DefaultBrokerHeartbeatManager] (SPEC §3.7 C-1)
+FIRST_SYNC_STATE_CHECK_MS = 3000  # first SyncStateSet check after start [ReplicasManager] (SPEC §3.7 C-1)
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,13 @@ class RocketMQControllerPolicy(Policy):
     flush_thorough_interval_ms: int = param(10000, "full flush cadence", unit="ms", minimum=1, source="R-MSC")
     ha_max_time_slave_not_catchup_ms: int = param(15000, "a slave not caught up for longer leaves the "
                                                   "SyncStateSet", unit="ms", minimum=1, source="R-doc-ctrl")
-    check_sync_state_set_period_ms: int = param(5000, "SyncStateSet shrink check cadence", unit="ms", minimum=1,
-                                                source="R-doc-ctrl")
+    check_sync_state_set_period_ms: int = param(5000, "SyncStateSet shrink check cadence (first check 3000 ms "
+                                                "after start)", unit="ms", minimum=1,
+                                                source="ReplicasManager checkSyncStateSetPeriod (R-doc-ctrl)")
+    ha_housekeeping_interval_ms: int = param(20000, "the master closes a slave's silent HA connection after this, "
+                                             "and the slave leaves the SyncStateSet (SPEC §3.7 C-1)", unit="ms",
+                                             minimum=1, source="MessageStoreConfig.haHousekeepingInterval; "
+                                             "AutoSwitchHAService.removeConnection")
     in_sync_replicas: int = param(1, "replicas (master included) that must hold a message before the ack",
                                   minimum=1, source="R-MSC")
     all_ack_in_sync_state_set: bool = param(False, "wait for the whole SyncStateSet (the analogue of acks=all)",

@@ -49,15 +49,15 @@ C6 DLedger (SPEC §3.4 rule 3): a leader that is down, or isolated, or cannot re
    like a crash (DLedger has no controlled leadership hand-over).
 C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable is noticed at once (at that
    instant, after its trace events); one that loses power or disk or is isolated at the first controller scan
-   tick (every controller_scan_ms from 0) at least controller_heartbeat_timeout_ms later, or when its new
-   incarnation registers (restart; the election then runs at once, before that instant's sends), whichever is
-   first; an isolation healed before then changes nothing.
+   tick (at 2000 ms, then every controller_scan_ms: SPEC §3.7 C-1) at least controller_heartbeat_timeout_ms
+   later, or when its new incarnation registers (restart; the election then runs at once, before that instant's
+   sends), whichever is first; an isolation healed before then changes nothing.
    Clients of an isolated old master (a "zombie", which still takes writes, SPEC §3.3 rule 3) keep writing to
    it until their next route poll, its heal or its stop (then it refuses, R-1), whatever elections happen
    meanwhile. A master that restarted while isolated serves nothing until its new incarnation registers. A group
-   without an eligible member elects whenever one comes back. The kernel adds one data-dependent case the router cannot
-   see: no SyncStateSet member is eligible (and no unclean election); that group takes no writes (`no_leader`)
-   until one is.
+   without an eligible member elects whenever one comes back. The kernel adds one data-dependent case the router
+   cannot see: no SyncStateSet member is eligible (and no unclean election); that group takes no writes
+   (`no_leader`) until one is.
 R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`):
    `dledger` and `rocketmq-controller` clients learn a group's master only from their route polls (every
    route_refresh_ms from 0; the poll at 0 is the initial route, first member as master). `target` is the
@@ -78,6 +78,7 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.policies import (
+    CONTROLLER_FIRST_SCAN_MS,
     NAMESERVER_EXPIRY_MS,
     DLedgerPolicy,
     Policy,
@@ -411,9 +412,11 @@ class ControllerControl(ControlPlane):
         return tgt == self.zombie
 
     def _scan_deadline(self, t: int) -> int:
-        scan = self.p.controller_scan_ms * MS
+        """C7 with SPEC §3.7 C-1 (`DefaultBrokerHeartbeatManager`): heartbeat scans run 2000 ms after start, then
+        every controller_scan_ms; the first at or after t + controller_heartbeat_timeout_ms notices."""
+        scan, first = self.p.controller_scan_ms * MS, CONTROLLER_FIRST_SCAN_MS * MS
         due = t + self.p.controller_heartbeat_timeout_ms * MS
-        return -(-due // scan) * scan
+        return first + max(0, -(-(due - first) // scan)) * scan
 
     def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
         m = self.leader

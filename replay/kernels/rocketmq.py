@@ -26,6 +26,7 @@ import numpy as np
 from replay.events import PartitionEvents
 from replay.kernels._arrays import Grow, Table, due_segment
 from replay.policies import (
+    FIRST_SYNC_STATE_CHECK_MS,
     OS_WRITEBACK_EXPIRE_MS,
     OS_WRITEBACK_PERIOD_MS,
     BrokerRole,
@@ -1146,7 +1147,8 @@ class ControllerReplay(GroupReplay):
         self.all_ack = policy.all_ack_in_sync_state_set
         self.k = policy.in_sync_replicas
         self.lead_for_cache = self.master
-        self._push(0, C_CHECK, "check", 0)
+        self.housekeeping: dict[int, int] = {}  # slave -> when its silent HA connection is closed (C-1)
+        self._push(FIRST_SYNC_STATE_CHECK_MS * MS, C_CHECK, "check", 0)  # SPEC §3.7 C-1
 
     def _push(self, t: int, code: int, what: str, arg: int) -> None:
         self.seq += 1
@@ -1325,7 +1327,34 @@ class ControllerReplay(GroupReplay):
         return StateRow(t, shown, self.cp.epoch, tuple(self.sss), n, h)
 
     # ----- control (C7) data effects
+    def _connection_lost(self, t: int, b: int, kind: Kind, was_iso: bool) -> None:
+        """SPEC §3.7 C-1: a slave leaves the SyncStateSet when its HA connection closes (at once on crash or
+        shutdown, after ha_housekeeping_interval_ms of silence otherwise), if the master reaches the controller."""
+        m = self.master
+        if m is None or b == m or self.blocked or not self.cp.alive(m) or b not in self.sss:
+            return
+        if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
+            self.housekeeping.pop(b, None)
+            self._shrink(t, b)
+        elif b not in self.housekeeping:
+            due = t + self.p.ha_housekeeping_interval_ms * MS
+            self.housekeeping[b] = due
+            self._push(due, C_CHECK, "housekeeping", b)
+
+    def _on_housekeeping(self, t: int, b: int) -> None:
+        if self.housekeeping.get(b) != t:
+            return
+        del self.housekeeping[b]
+        m = self.master
+        if m is not None and b != m and not self.blocked and self.cp.alive(m) and b in self.sss:
+            self._shrink(t, b)
+
+    def _shrink(self, t: int, b: int) -> None:
+        self.sss.remove(b)
+        self._recompute_hw(t)
+
     def _before_cp(self, t: int, kind: Kind, b: int) -> None:
+        self._was_iso = self.cp.iso[b]
         self._healing_master = kind is Kind.HEAL and b == self.master and self.cp.up[b]
         if kind in STOPS and self._is_zombie(b):
             self.zombie = None
@@ -1340,6 +1369,10 @@ class ControllerReplay(GroupReplay):
                 self._follow(self.ix[b], self.master)  # an old master rejoins: epoch truncation
 
     def _after_cp(self, t: int, kind: Kind, b: int) -> None:
+        if kind in (Kind.RESTART, Kind.HEAL):
+            self.housekeeping.pop(b, None)
+        elif kind in STOPS or kind is Kind.ISOLATE:
+            self._connection_lost(t, b, kind, self._was_iso)
         if self._healing_master:
             self._recompute_hw(t)
         if kind in (Kind.RESTART, Kind.HEAL) and self.cp.alive(b) and self.master is not None and self.blocked \
@@ -1396,6 +1429,7 @@ class ControllerReplay(GroupReplay):
                 self.fetched[i] = self.log_len[i]
                 self.lcu[i] = t
         self.sss = [m]
+        self.housekeeping.clear()
         self.hw = int(self.log_len[mi])
         self._rebuild_leader_cache()
         self._mark_visible(t, m, 0, self.hw)

@@ -54,6 +54,8 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.policies import (
+    CONTROLLER_FIRST_SCAN_MS,
+    FIRST_SYNC_STATE_CHECK_MS,
     OS_WRITEBACK_EXPIRE_MS,
     OS_WRITEBACK_PERIOD_MS,
     BrokerRole,
@@ -829,10 +831,11 @@ class ControllerReference(GroupReference):
         self.blocked = False  # the master has no eligible log yet (no SyncStateSet member alive)
         self.detect_key: int | None = None
         self.reincarnated = False
+        self.housekeeping: dict[int, int] = {}  # slave -> when the master closes its silent HA connection (C-1)
 
     def _start(self) -> None:
         super()._start()
-        self._push(0, C_CHECK, "check")
+        self._push(FIRST_SYNC_STATE_CHECK_MS * MS, C_CHECK, "check")  # SPEC §3.7 C-1: 3000 ms after start
 
     def _leader_for_fetch(self) -> int | None:
         return None if self.master is None or self.blocked else self.master
@@ -928,7 +931,8 @@ class ControllerReference(GroupReference):
 
     def _on_check(self, t: int, _: int) -> None:
         """SPEC §3.5: a slave not caught up for ha_max_time_slave_not_catchup_ms leaves the SyncStateSet; checked
-        every check_sync_state_set_period_ms from 0 by a master that is up and reachable."""
+        by a master that is up and reachable 3000 ms after start, then every check_sync_state_set_period_ms
+        (SPEC §3.7 C-1, `ReplicasManager`)."""
         period = self.p.check_sync_state_set_period_ms * MS
         if t + period <= self.duration_us:
             self._push(t + period, C_CHECK, "check")
@@ -941,6 +945,35 @@ class ControllerReference(GroupReference):
             if f != m and t - r.lcu > self.p.ha_max_time_slave_not_catchup_ms * MS and r.fetched < leo:
                 self.sss.remove(f)
         self._recompute_hw(t)
+
+    def _connection_lost(self, t: int, b: int, kind: Kind, was_iso: bool) -> None:
+        """SPEC §3.7 C-1 (`AutoSwitchHAService.removeConnection`): a slave whose HA connection closes leaves the
+        SyncStateSet at once: at its crash or shutdown; after a power loss, disk loss or isolation, when the
+        master's housekeeping closes the silent connection ha_housekeeping_interval_ms later
+        (`MessageStoreConfig.haHousekeepingInterval`), unless the catch-up check removed it first. A master that
+        cannot reach the controller (isolated) changes nothing."""
+        m = self.master
+        if m is None or b == m or self.blocked or not self.rep[m].alive or b not in self.sss:
+            return
+        if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
+            self.housekeeping.pop(b, None)
+            self._shrink(t, b)
+        elif b not in self.housekeeping:
+            due = t + self.p.ha_housekeeping_interval_ms * MS
+            self.housekeeping[b] = due
+            self._push(due, C_CHECK, "housekeeping", b)
+
+    def _on_housekeeping(self, t: int, b: int) -> None:
+        if self.housekeeping.get(b) != t:
+            return
+        del self.housekeeping[b]
+        m = self.master
+        if m is not None and b != m and not self.blocked and self.rep[m].alive and b in self.sss:
+            self._shrink(t, b)
+
+    def _shrink(self, t: int, b: int) -> None:
+        self.sss.remove(b)
+        self._recompute_hw(t)  # the confirm offset may move past what only b lacked
 
     # ----- control (C7)
     def _detect(self, t: int) -> None:
@@ -957,18 +990,25 @@ class ControllerReference(GroupReference):
                 self._detect(self._scan_deadline(t))
         if self.zombie is not None and b == self.zombie.broker:
             self.zombie = None  # R-1: a stopped zombie refuses the connection; clients learn at their next poll
+        self._connection_lost(t, b, kind, was_iso)
 
     def _scan_deadline(self, t: int) -> int:
-        scan = self.p.controller_scan_ms * MS
-        return -(-(t + self.p.controller_heartbeat_timeout_ms * MS) // scan) * scan
+        """C7 with SPEC §3.7 C-1 (`DefaultBrokerHeartbeatManager`): scans 2000 ms after start, then every
+        controller_scan_ms; the first at or after t + controller_heartbeat_timeout_ms notices the silent master."""
+        scan, first = self.p.controller_scan_ms * MS, CONTROLLER_FIRST_SCAN_MS * MS
+        k = max(0, -(-(t + self.p.controller_heartbeat_timeout_ms * MS - first) // scan))
+        return first + k * scan
 
     def _isolate(self, t: int, b: int) -> None:
         if b == self.master:
             self.iso_view = tuple(self.sss)
             if self.detect_key is None:
                 self._detect(self._scan_deadline(t))
+        else:
+            self._connection_lost(t, b, Kind.ISOLATE, False)
 
     def _restart(self, t: int, b: int) -> None:
+        self.housekeeping.pop(b, None)  # a new HA connection (C-1)
         if b == self.master:
             self.reincarnated = True
             if not self.rep[b].isolated:
@@ -982,6 +1022,7 @@ class ControllerReference(GroupReference):
         self._elect(t)
 
     def _heal(self, t: int, b: int) -> None:
+        self.housekeeping.pop(b, None)  # its connection speaks again before the housekeeping closed it (C-1)
         if self.zombie is not None and b == self.zombie.broker:
             self.zombie = None
         if b == self.master and self.rep[b].up:
@@ -1055,6 +1096,7 @@ class ControllerReference(GroupReference):
                 r.fetched = len(r.log)
                 r.lcu = t
         self.sss = [m]  # R6a: the new SyncStateSet is the new master; slaves rejoin as they catch up
+        self.housekeeping.clear()
         self.hw = len(lead)
         self._mark_visible(t, self.rep[m], 0, self.hw)
 

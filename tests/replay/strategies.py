@@ -174,8 +174,9 @@ def controller_policies(draw, n_brokers: int):
         "flush_least_bytes": draw(st.sampled_from([0, 2500, 16384])),
         "ha_max_time_slave_not_catchup_ms": draw(st.sampled_from([2000, 15000])),
         "check_sync_state_set_period_ms": draw(st.sampled_from([700, 5000])),
+        "ha_housekeeping_interval_ms": draw(st.sampled_from([1000, 4000, 20000])),  # C-1
         "in_sync_replicas": draw(st.integers(1, 3)),
-        "all_ack_in_sync_state_set": draw(st.booleans()),
+        "all_ack_in_sync_state_set": draw(st.sampled_from([False, True, True])),  # slave losses under allAck
         "min_insync_replicas": draw(st.integers(1, 3)),
         "enable_elect_unclean_master": draw(st.booleans()),
         "controller_heartbeat_timeout_ms": draw(st.sampled_from([1000, 10000])),
