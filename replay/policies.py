@@ -125,7 +125,8 @@ class Policy:
 
     partitions: int = param(12, "Kafka partitions of the topic; RocketMQ families use groups × queues_per_group",
                             source="SPEC §3.1", minimum=1, maximum=100000)
-    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`", source="SPEC §3.1")
+    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`",
+                             source="SPEC §3.1")
     flush_interval_ms: int | None = param(None, "async flush cadence: a message is durable on a broker at the "
                                           "first flush tick at or after it was written there", unit="ms",
                                           minimum=1, nullable=True, source="SPEC §3.1")
@@ -212,35 +213,40 @@ class RocketMQPolicy(Policy):
     description: ClassVar[str] = "Apache RocketMQ master/slave: ASYNC/SYNC_MASTER, ASYNC/SYNC_FLUSH, " \
                                  "multi-master failover, ordered queues"
 
+    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`",
+                             source="MessageStoreConfig.flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)")
     flush_interval_ms: int | None = param(500, "flushIntervalCommitLog; flushes only when flush_least_bytes are "
                                           "dirty, and fully every flush_thorough_interval_ms", unit="ms",
-                                          minimum=1, nullable=True, source="R-MSC")
+                                          minimum=1, nullable=True, source="MessageStoreConfig.flushIntervalCommitLog")
     delivery_timeout_ms: int = param(3000, "sendMsgTimeout: the whole send, retries included",
-                                     unit="ms", minimum=1, source="R-Prod")
+                                     unit="ms", minimum=1, source="DefaultMQProducer.sendMsgTimeout")
     groups: int | None = param(None, "broker groups; group g = brokers g·(1+s) … g·(1+s)+s, the first is master",
                                minimum=1, nullable=True, derived="⌊N / (1 + slaves_per_master)⌋",
-                               source="SPEC §3.3")
+                               source="SPEC §3.3 (a group is one brokerName)")
     slaves_per_master: int = param(1, "slaves per broker group (2m-2s layout with 4 brokers)", minimum=0,
-                                   maximum=8, source="R-doc-deploy")
+                                   maximum=8, source="BrokerConfig.brokerId (docs/en/Deployment.md 2m-2s)")
     queues_per_group: int = param(4, "queues per broker group (defaultTopicQueueNums)", minimum=1,
-                                  source="R-BrokerConfig")
+                                  source="BrokerConfig.defaultTopicQueueNums")
     broker_role: BrokerRole = param(BrokerRole.ASYNC_MASTER, "ASYNC_MASTER acks at the master's append; "
-                                    "SYNC_MASTER waits for a slave (4.x semantics)", source="R-MSC")
+                                    "SYNC_MASTER waits for a slave (4.x semantics)",
+                                    source="MessageStoreConfig.brokerRole")
     in_sync_replicas: int = param(2, "copies (master included) SYNC_MASTER waits for; RocketMQ 5's default 1 "
                                   "makes SYNC_MASTER asynchronous (the 5.x trap)", minimum=1,
-                                  source="R-doc-quorum (RIP-34)")
+                                  source="MessageStoreConfig.inSyncReplicas (RIP-34)")
     flush_least_bytes: int = param(16384, "async flush skips a tick with fewer dirty bytes "
                                    "(flushCommitLogLeastPages = 4 pages)", unit="bytes", minimum=0,
-                                   source="R-MSC")
+                                   source="MessageStoreConfig.flushCommitLogLeastPages")
     flush_thorough_interval_ms: int = param(10000, "full flush cadence (flushCommitLogThoroughInterval)",
-                                            unit="ms", minimum=1, source="R-MSC")
+                                            unit="ms", minimum=1,
+                                            source="MessageStoreConfig.flushCommitLogThoroughInterval")
     slave_timeout_ms: int = param(3000, "SYNC_MASTER wait before FLUSH_SLAVE_TIMEOUT", unit="ms", minimum=1,
-                                  source="R-CL-494 (docs say 5 s ⚠)")
+                                  source="MessageStoreConfig.slaveTimeout (CommitLog.handleHA; docs say 5 s ⚠)")
     retry_times_when_send_failed: int = param(2, "extra attempts on other broker groups", minimum=0,
-                                              maximum=16, source="R-Prod")
-    ordered: bool = param(False, "MessageQueueSelector by key hash: one attempt, no failover", source="R-Sel")
+                                              maximum=16, source="DefaultMQProducer.retryTimesWhenSendFailed")
+    ordered: bool = param(False, "MessageQueueSelector by key hash: one attempt, no failover",
+                          source="SelectMessageQueueByHash, DefaultMQProducerImpl.sendSelectImpl")
     route_refresh_ms: int = param(30000, "producer route poll (pollNameServerInterval)", unit="ms", minimum=1,
-                                  source="R-ClientConfig")
+                                  source="ClientConfig.pollNameServerInterval (MQClientInstance)")
     reconcile: Reconcile = param(Reconcile.MASTER_WINS, "after a master loses data its log is the truth "
                                  "(`master_wins`), or slave-only messages are kept (`union`)",
                                  source="SPEC §3.3 (undocumented in RocketMQ ⚠)")
@@ -253,26 +259,30 @@ class DLedgerPolicy(Policy):
     family: ClassVar[str] = "dledger"
     description: ClassVar[str] = "RocketMQ on DLedger (Raft): majority commit, automatic leader election"
 
+    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`",
+                             source="MessageStoreConfig.flushDiskType; DLedgerMmapFileStore")
     flush_interval_ms: int | None = param(10, "DLedger flushFileInterval (acks come before fsync)", unit="ms",
-                                          minimum=1, nullable=True, source="DL-Mmap")
+                                          minimum=1, nullable=True,
+                                          source="DLedgerConfig.flushFileInterval (DLedgerMmapFileStore)")
     delivery_timeout_ms: int = param(3000, "sendMsgTimeout: the whole send, retries included",
-                                     unit="ms", minimum=1, source="R-Prod")
+                                     unit="ms", minimum=1, source="DefaultMQProducer.sendMsgTimeout")
     group_size: int = param(3, "replicas per Raft group; groups = ⌊N / group_size⌋", minimum=1, maximum=9,
-                            source="R-doc-dledger")
-    queues_per_group: int = param(4, "queues per broker group", minimum=1, source="R-BrokerConfig")
+                            source="DLedgerConfig.peers (docs/en/dledger/deploy_guide.md)")
+    queues_per_group: int = param(4, "queues per broker group", minimum=1, source="BrokerConfig.defaultTopicQueueNums")
     heartbeat_ms: int = param(2000, "leader heartbeat interval (heartBeatTimeIntervalMs)", unit="ms",
-                              minimum=1, source="DL-Config")
+                              minimum=1, source="DLedgerConfig.heartBeatTimeIntervalMs")
     max_heartbeat_leak: int = param(3, "missed heartbeats before followers notice leader loss", minimum=1,
-                                    source="DL-Config")
+                                    source="DLedgerConfig.maxHeartBeatLeak")
     vote_delay_ms: int = param(650, "election delay after leader loss is noticed (midpoint of the 300-1000 ms "
-                               "jitter; deterministic)", unit="ms", minimum=0, source="DL-Elector")
+                               "jitter; deterministic)", unit="ms", minimum=0,
+                               source="DLedgerLeaderElector (minVoteIntervalMs 300, maxVoteIntervalMs 1000)")
     max_wait_ack_ms: int = param(2500, "an entry not committed within this fails with "
                                  "IN_SYNC_REPLICAS_NOT_ENOUGH and is retried at another group", unit="ms",
-                                 minimum=1, source="DL-Config maxWaitAckTimeMs")
+                                 minimum=1, source="DLedgerConfig.maxWaitAckTimeMs")
     retry_times_when_send_failed: int = param(2, "extra attempts on other broker groups", minimum=0,
-                                              maximum=16, source="R-Prod")
+                                              maximum=16, source="DefaultMQProducer.retryTimesWhenSendFailed")
     route_refresh_ms: int = param(30000, "producer route poll (pollNameServerInterval)", unit="ms", minimum=1,
-                                  source="R-ClientConfig")
+                                  source="ClientConfig.pollNameServerInterval (MQClientInstance)")
 
 
 @dataclass(frozen=True)
@@ -282,46 +292,55 @@ class RocketMQControllerPolicy(Policy):
     family: ClassVar[str] = "rocketmq-controller"
     description: ClassVar[str] = "RocketMQ 5 controller mode (RIP-44): SyncStateSet, automatic master election"
 
+    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`",
+                             source="MessageStoreConfig.flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)")
     flush_interval_ms: int | None = param(500, "flushIntervalCommitLog (see rocketmq)", unit="ms", minimum=1,
-                                          nullable=True, source="R-MSC")
+                                          nullable=True, source="MessageStoreConfig.flushIntervalCommitLog")
     delivery_timeout_ms: int = param(3000, "sendMsgTimeout: the whole send, retries included",
-                                     unit="ms", minimum=1, source="R-Prod")
+                                     unit="ms", minimum=1, source="DefaultMQProducer.sendMsgTimeout")
     groups: int | None = param(None, "broker groups; group g = brokers g·(1+s) … g·(1+s)+s", minimum=1,
-                               nullable=True, derived="⌊N / (1 + slaves_per_master)⌋", source="SPEC §3.3")
-    slaves_per_master: int = param(2, "slaves per broker group", minimum=0, maximum=8, source="R-doc-ctrl")
-    queues_per_group: int = param(4, "queues per broker group", minimum=1, source="R-BrokerConfig")
+                               nullable=True, derived="⌊N / (1 + slaves_per_master)⌋",
+                               source="SPEC §3.3 (a group is one brokerName)")
+    slaves_per_master: int = param(2, "slaves per broker group", minimum=0, maximum=8,
+                                   source="docs/en/controller/deploy.md (RIP-44)")
+    queues_per_group: int = param(4, "queues per broker group", minimum=1, source="BrokerConfig.defaultTopicQueueNums")
     flush_least_bytes: int = param(16384, "async flush skips a tick with fewer dirty bytes", unit="bytes",
-                                   minimum=0, source="R-MSC")
-    flush_thorough_interval_ms: int = param(10000, "full flush cadence", unit="ms", minimum=1, source="R-MSC")
+                                   minimum=0, source="MessageStoreConfig.flushCommitLogLeastPages")
+    flush_thorough_interval_ms: int = param(10000, "full flush cadence", unit="ms", minimum=1,
+                                            source="MessageStoreConfig.flushCommitLogThoroughInterval")
     ha_max_time_slave_not_catchup_ms: int = param(15000, "a slave not caught up for longer leaves the "
-                                                  "SyncStateSet", unit="ms", minimum=1, source="R-doc-ctrl")
+                                                  "SyncStateSet", unit="ms", minimum=1,
+                                                  source="MessageStoreConfig.haMaxTimeSlaveNotCatchup")
     check_sync_state_set_period_ms: int = param(5000, "SyncStateSet shrink check cadence (first check 3000 ms "
                                                 "after start)", unit="ms", minimum=1,
-                                                source="ReplicasManager checkSyncStateSetPeriod (R-doc-ctrl)")
+                                                source="BrokerConfig.checkSyncStateSetPeriod (ReplicasManager)")
     ha_housekeeping_interval_ms: int = param(20000, "the master closes a slave's silent HA connection after this, "
                                              "and the slave leaves the SyncStateSet (SPEC §3.7 C-1)", unit="ms",
                                              minimum=1, source="MessageStoreConfig.haHousekeepingInterval; "
                                              "AutoSwitchHAService.removeConnection")
     in_sync_replicas: int = param(1, "replicas (master included) that must hold a message before the ack",
-                                  minimum=1, source="R-MSC")
+                                  minimum=1, source="MessageStoreConfig.inSyncReplicas")
     all_ack_in_sync_state_set: bool = param(False, "wait for the whole SyncStateSet (the analogue of acks=all)",
-                                            source="R-GTS")
+                                            source="MessageStoreConfig.allAckInSyncStateSet (GroupTransferService)")
     min_insync_replicas: int = param(1, "refused before append while |SyncStateSet| is below this",
-                                     minimum=1, source="R-CL asyncPutMessage")
+                                     minimum=1,
+                                     source="MessageStoreConfig.minInSyncReplicas (CommitLog.asyncPutMessage)")
     enable_elect_unclean_master: bool = param(False, "elect any replica (highest offset) when the SyncStateSet "
-                                              "has none alive", source="R-CtrlConfig")
+                                              "has none alive", source="ControllerConfig.enableElectUncleanMaster")
     slave_timeout_ms: int = param(3000, "the master's wait for in_sync_replicas / the SyncStateSet before "
                                   "FLUSH_SLAVE_TIMEOUT", unit="ms", minimum=1,
-                                  source="R-CL handleHA slaveTimeout (reference E R6a)")
+                                  source="MessageStoreConfig.slaveTimeout (CommitLog.handleHA)")
     controller_heartbeat_timeout_ms: int = param(10000, "a master that stops heartbeating is dead after this "
                                                  "(crash: noticed at once)", unit="ms", minimum=1,
-                                                 source="R-CtrlHB")
+                                                 source="BrokerConfig.controllerHeartBeatTimeoutMills "
+                                                 "(DefaultBrokerHeartbeatManager)")
     controller_scan_ms: int = param(5000, "the controller checks heartbeats this often", unit="ms", minimum=1,
-                                    source="R-CtrlConfig scanNotActiveBrokerInterval")
+                                    source="ControllerConfig.scanNotActiveBrokerInterval "
+                                           "(DefaultBrokerHeartbeatManager)")
     retry_times_when_send_failed: int = param(2, "extra attempts on other broker groups", minimum=0,
-                                              maximum=16, source="R-Prod")
+                                              maximum=16, source="DefaultMQProducer.retryTimesWhenSendFailed")
     route_refresh_ms: int = param(30000, "producer route poll (pollNameServerInterval)", unit="ms", minimum=1,
-                                  source="R-ClientConfig")
+                                  source="ClientConfig.pollNameServerInterval (MQClientInstance)")
 
 
 FAMILIES: dict[str, type[Policy]] = {
