@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from pipelines.trace_loader import read_events_arrow
-from replay.families import family_of
 from replay.local import replay_local
 from replay.policies import parse_policy
 from schemas.outcomes import NULL_US, Error, Fate, Status
@@ -27,14 +26,6 @@ def golden_cases(prefixes: tuple[str, ...] = ("k",)) -> list:
             for i, case in enumerate(json.loads((folder / "expected.json").read_text())):
                 out.append(pytest.param(folder, case, id=f"{folder.name}[{i}]"))
     return out
-
-
-def replayable(case: dict) -> bool:
-    try:
-        family_of(parse_policy(case["policy"]))
-        return True
-    except Exception:
-        return False
 
 
 def message_facts(results) -> dict[int, dict]:
@@ -58,8 +49,6 @@ def message_facts(results) -> dict[int, dict]:
 @pytest.mark.parametrize("engine", ["reference", "kernel"])
 @pytest.mark.parametrize(("folder", "case"), golden_cases(("k", "r", "d", "c")))
 def test_golden_messages(folder, case, engine):
-    if not replayable(case):
-        pytest.skip(f"family of {case['policy']} not replayable yet")
     manifest, table = read_events_arrow(folder)
     results = replay_local(parse_policy(case["policy"]), manifest, table, engine=engine)
     facts = message_facts(results)
