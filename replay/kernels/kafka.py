@@ -238,7 +238,8 @@ class KafkaPartitionReplay:
         return self.iso_view if self.iso_view is not None else tuple(self.isr)
 
     def _frozen(self, size: int) -> bool:
-        return self.p.strict_min_isr and size < self.p.min_insync_replicas
+        """strict_min_isr, against the effective min ISR (SPEC §3.7 K-1, as `KafkaReference._frozen`)."""
+        return self.p.strict_min_isr and size < self.min_isr
 
     def _is_zombie_target(self) -> bool:
         return self.zombie is not None and self.target == self.zombie["broker"]

@@ -23,6 +23,10 @@ Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices"
 - Unavailability: no up broker serves clients; or acks=all is refused (ISR below min); or (acks=all) the
   oldest entry above the serving leader's high watermark was appended more than request_timeout_ms ago
   (requests are timing out). It is measured by the traffic: an idle partition is not stalled.
+
+SPEC §3.7 corrections (v1.1), each next to its rule below:
+- K-1 effective min ISR everywhere (`Partition.effectiveMinIsr`, `Partition.maybeIncrementLeaderHW`): `_frozen`,
+  `_attempt`, `_maybe_elr` all use min(min_insync_replicas, replication_factor).
 """
 
 from __future__ import annotations
@@ -125,6 +129,8 @@ class KafkaReference:
         self.order = replicas  # assignment order; the first is the preferred leader
         self.duration_us = duration_us
         self.rep = {b: Replica(b) for b in replicas}
+        # SPEC §3.7 K-1: every use of min ISR (refusal, strict_min_isr freeze, ELR) is the effective one,
+        # min(min_insync_replicas, replication_factor) (`Partition.effectiveMinIsr`).
         self.min_isr = policy.effective_min_isr
         self.session_us = policy.session_timeout_ms * MS
         # Rule 2: the first replica in assignment order that is up leads; the ISR starts as all replicas.
@@ -161,7 +167,10 @@ class KafkaReference:
         return self.iso_view if self.iso_view is not None else tuple(self.isr)
 
     def _frozen(self, view_size: int) -> bool:
-        return self.p.strict_min_isr and view_size < self.p.min_insync_replicas
+        """strict_min_isr freezes the high watermark below the *effective* min ISR (SPEC §3.7 K-1,
+        `Partition.effectiveMinIsr` used by `Partition.maybeIncrementLeaderHW`): min ISR above the replication
+        factor acts as the replication factor, so such a topic still commits once every replica holds a write."""
+        return self.p.strict_min_isr and view_size < self.min_isr
 
     def _serving(self) -> int | None:
         """The broker that takes clients' writes now: the leader, or a zombie clients still use; None if none."""
