@@ -184,8 +184,12 @@ class KafkaPolicy(Policy):
                                  source="KAFKA-15583 (since 3.7)")
     request_timeout_ms: int = param(30000, "a produce request not acknowledged within this is retried",
                                     unit="ms", minimum=1, source="K-ProducerConfig")
-    retry_backoff_ms: int = param(100, "a refused message (NotEnoughReplicas) is tried again this long after "
-                                  "its previous attempt", unit="ms", minimum=1, source="K-ProducerConfig")
+    retry_backoff_ms: int = param(100, "a refused message (NotEnoughReplicas) is first tried again this long "
+                                  "after its previous attempt; the n-th retry waits "
+                                  "min(retry_backoff_max_ms, this × 2^(n−1)) (no jitter)", unit="ms", minimum=1,
+                                  source="K-ProducerConfig")
+    retry_backoff_max_ms: int = param(1000, "the cap of the exponential retry backoff (KIP-580, producer 3.7+)",
+                                      unit="ms", minimum=1, source="K-ProducerConfig")
     metadata_max_age_ms: int = param(300000, "how long clients keep writing to an isolated leader that still "
                                      "answers", unit="ms", minimum=1, source="K-ProducerConfig")
     assignment: Assignment = param(Assignment.SEED, "`seed`: replica j of partition i on broker (i + j) mod N; "

@@ -43,7 +43,8 @@ C_FENCE, C_TICK, C_CLIENT, C_RETRY = 9, 10, 11, 12
 WAITING, REFUSED, APPENDED, ACKED, FAILED = range(5)
 _PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
-    "anchor": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64, "vis": np.int64,
+    "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
+    "vis": np.int64,
     # carried untouched to the outputs (PartitionEvents.payload)
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
@@ -434,7 +435,8 @@ class KafkaPartitionReplay:
             created = self.pend.append(
                 msg=seg["msg"][is_new], prod=new_ts, size=seg["size"][is_new],
                 dead=new_ts + self.p.delivery_timeout_ms * MS, state=np.full(k, WAITING, np.int8),
-                err=np.zeros(k, np.int8), anchor=new_ts, pe=np.full(k, -1), po=np.full(k, -1),
+                err=np.zeros(k, np.int8), anchor=new_ts, nref=np.zeros(k, np.int64), pe=np.full(k, -1),
+                po=np.full(k, -1),
                 req=np.full(k, INF), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US),
                 **{name: seg[name][is_new] for name in PAYLOAD},
             )
@@ -449,8 +451,9 @@ class KafkaPartitionReplay:
         elif srv < 0:
             st[arr_rows] = WAITING
         elif refusing:
-            st[arr_rows] = REFUSED  # NotEnoughReplicas; the retry grid continues from here
+            st[arr_rows] = REFUSED  # NotEnoughReplicas; the retry schedule continues from here
             anchor[arr_rows] = arr_ts
+            self.pend.cols["nref"][arr_rows] += 1  # one arrival per row and segment (SPEC §3.7 K-2)
         # ----- appends to the serving broker
         if arr_app.any():
             a_rows, a_ts = arr_rows[arr_app], arr_ts[arr_app]
@@ -1039,6 +1042,10 @@ class KafkaPartitionReplay:
             return
         st = self.pend.cols["state"]
         rows = np.flatnonzero((st[:n] <= APPENDED) & (self.pend["dead"] >= t))
+        lazy = rows[st[rows] == REFUSED]
+        if len(self.sched_row):
+            lazy = lazy[~np.isin(lazy, self.sched_row)]
+        self._skip_refused_retries(lazy, t)  # their retries before t were refused: they count (K-2)
         if len(self.sched_row):  # their pending retries are superseded by this attempt
             keep = ~np.isin(self.sched_row, rows)
             self.sched_key, self.sched_row = self.sched_key[keep], self.sched_row[keep]
@@ -1089,6 +1096,7 @@ class KafkaPartitionReplay:
         if self._refusing():
             st[rows] = REFUSED
             self.pend.cols["anchor"][rows] = t
+            self.pend.cols["nref"][rows] += 1
             return
         si = self.ix[srv]
         epoch = self._serving_epoch()
@@ -1115,9 +1123,47 @@ class KafkaPartitionReplay:
             z["hw"] = n
         self._ack_committed(t)
 
+    def _retry_delay_us(self, n: np.ndarray) -> np.ndarray:
+        """Wait before the n-th retry of a refused message (SPEC §3.7 K-2, as `KafkaReference._retry_backoff_us`):
+        min(retry_backoff_max_ms, retry_backoff_ms × 2^(n−1)), computed without overflow."""
+        base, cap = self.p.retry_backoff_ms * MS, self.p.retry_backoff_max_ms * MS
+        doublings = 0  # the first exponent at which the backoff reaches the cap
+        while base << doublings < cap:
+            doublings += 1
+        e = n - 1
+        return np.where(e >= doublings, cap, base << np.minimum(e, doublings))
+
+    def _skip_refused_retries(self, rows: np.ndarray, t: int) -> np.ndarray:
+        """Rows refused while the serving broker kept refusing: their retries strictly before t were refused too
+        (not materialized, see `_reschedule_pool`). Advances each row's last refusal (`anchor`) and refusal count
+        (`nref`) over them and returns its next retry time, the first at or after t (SPEC §3.7 K-2)."""
+        if not len(rows):
+            return np.zeros(0, dtype=np.int64)
+        cap = self.p.retry_backoff_max_ms * MS
+        anchor, nref = self.pend["anchor"][rows].copy(), self.pend["nref"][rows].copy()
+        nxt = anchor + self._retry_delay_us(nref)
+        while True:
+            behind = nxt < t
+            if not behind.any():
+                break
+            delay = self._retry_delay_us(nref + 1)
+            at_cap = behind & (delay >= cap)
+            if at_cap.any():  # constant steps from here: jump over all but the last one before t
+                k = (t - nxt[at_cap] - 1) // cap  # further retries strictly before t after nxt
+                anchor[at_cap] = nxt[at_cap] + k * cap
+                nref[at_cap] += 1 + k
+                nxt[at_cap] = anchor[at_cap] + cap
+            step = behind & ~at_cap
+            anchor[step] = nxt[step]
+            nref[step] += 1
+            nxt[step] = anchor[step] + delay[step]
+        self.pend.cols["anchor"][rows] = anchor
+        self.pend.cols["nref"][rows] = nref
+        return nxt
+
     def _reschedule_pool(self, t: int) -> None:
-        """Refused messages retry every retry_backoff_ms (rule 3). While the serving broker refuses, those retries
-        would be refused again on the same grid, so they are only materialized once it may not refuse."""
+        """Refused messages retry after an exponential backoff (rule 3, SPEC §3.7 K-2). While the serving broker
+        refuses, those retries would be refused again, so they are only materialized once it may not refuse."""
         if self.acks is not Acks.ALL or self.pend.n == 0:
             return
         if self._serving() >= 0 and self._refusing():
@@ -1128,9 +1174,7 @@ class KafkaPartitionReplay:
             rows = rows[~np.isin(rows, self.sched_row)]
         if not len(rows):
             return
-        b = self.p.retry_backoff_ms * MS
-        anchor = self.pend["anchor"][rows]
-        nxt = anchor + np.maximum(1, -(-(t - anchor) // b)) * b  # first retry at or after t on the grid
+        nxt = self._skip_refused_retries(rows, t)
         ok = nxt <= self.pend["dead"][rows]
         all_keys = np.concatenate([self.sched_key, _key(nxt[ok], C_RETRY)])
         all_rows = np.concatenate([self.sched_row, rows[ok]])

@@ -27,6 +27,7 @@ Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices"
 SPEC §3.7 corrections (v1.1), each next to its rule below:
 - K-1 effective min ISR everywhere (`Partition.effectiveMinIsr`, `Partition.maybeIncrementLeaderHW`): `_frozen`,
   `_attempt`, `_maybe_elr` all use min(min_insync_replicas, replication_factor).
+- K-2 exponential retry backoff (KIP-580, `CommonClientConfigs`, `RecordAccumulator`): `_retry_backoff_us`.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Msg:
     positions: list[tuple[int, int]] = field(default_factory=list)  # (epoch, offset) of every append
     request_us: int | None = None  # from when an ack for a held copy can reach the client
     retry_at: int | None = None  # the pending NotEnoughReplicas retry
+    refusals: int = 0  # NotEnoughReplicas answers so far: the exponent of the next backoff (SPEC §3.7 K-2)
 
 
 @dataclass
@@ -523,12 +525,20 @@ class KafkaReference:
             return
         if self.p.acks is Acks.ALL and self._serving_view_size() < self.min_isr:
             self._set_state(msg, "refused")  # NotEnoughReplicas before append (rule 3), retriable
-            retry = t + self.p.retry_backoff_ms * MS
+            msg.refusals += 1
+            retry = t + self._retry_backoff_us(msg.refusals)
             if retry <= msg.deadline_us:
                 msg.retry_at = retry
                 self._push(retry, RETRY, "retry", msg.msg_id)
             return
         self._append(t, msg)
+
+    def _retry_backoff_us(self, n: int) -> int:
+        """The wait before the n-th retry of a refused message (SPEC §3.7 K-2, KIP-580: `CommonClientConfigs`
+        retry.backoff.max.ms, `RecordAccumulator`): min(retry_backoff_max_ms, retry_backoff_ms × 2^(n−1)), without
+        the 20 % jitter (deterministic replay). n counts the message's refusals over its whole life, as the
+        producer's batch attempt count never resets."""
+        return min(self.p.retry_backoff_max_ms, self.p.retry_backoff_ms * 2 ** (n - 1)) * MS
 
     def _on_retry(self, t: int, msg_id: int) -> None:
         msg = self.msgs[msg_id]
