@@ -120,6 +120,7 @@ class KafkaPartitionReplay:
         self.isr: list[int] = list(self.order)
         self.elr: list[int] = []
         self.hw = 0
+        self.epoch_start = 0  # the leader's log end when its epoch began (SPEC §3.7 K-5)
         self.iso_view: tuple[int, ...] | None = None
         self.down_pub: tuple[int, int] | None = None
         self.lead_app = Grow()
@@ -395,11 +396,12 @@ class KafkaPartitionReplay:
             hw = np.maximum(self.hw, cand)
         else:
             hw = np.full(n, self.hw, dtype=np.int64)
-        # ----- ISR expansion (rule 7) cuts the segment after the report that triggers it
+        # ----- ISR expansion (rule 7; SPEC §3.7 K-5, `Partition.isFollowerInSync`: the high watermark and the
+        # leader epoch's start offset) cuts the segment after the report that triggers it
         for b, (idx, new_len, _) in follower.items():
             if b in self.isr:
                 continue
-            hit = np.flatnonzero(new_len >= hw[idx])
+            hit = np.flatnonzero((new_len >= hw[idx]) & (new_len >= self.epoch_start))
             if len(hit) and idx[hit[0]] < expand_at:
                 expand_at, expand_b = int(idx[hit[0]]), b
         m = n if expand_b < 0 else expand_at + 1
@@ -915,6 +917,7 @@ class KafkaPartitionReplay:
         self.down_pub = None
         self._zombie_stops(n)
         ni = self.ix[n]
+        self.epoch_start = int(self.log_len[ni])
         for i, b in enumerate(self.order):
             if b != n and not (self.zombie is not None and b == self.zombie["broker"]):
                 self._truncate_to_leader(i)

@@ -28,6 +28,7 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
 - K-1 effective min ISR everywhere (`Partition.effectiveMinIsr`, `Partition.maybeIncrementLeaderHW`): `_frozen`,
   `_attempt`, `_maybe_elr` all use min(min_insync_replicas, replication_factor).
 - K-2 exponential retry backoff (KIP-580, `CommonClientConfigs`, `RecordAccumulator`): `_retry_backoff_us`.
+- K-5 ISR expand needs the leader epoch's start offset too (`Partition.isFollowerInSync`): `_replicate`.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class KafkaReference:
         self.isr: list[int] = list(replicas)
         self.elr: list[int] = []
         self.hw = 0
+        self.epoch_start = 0  # the leader's log end when its epoch began (SPEC §3.7 K-5)
         self.iso_view: tuple[int, ...] | None = None  # ISR known to an isolated leader
         self.target: int | None = replicas[0]  # the broker clients send to
         self.zombie: Zombie | None = None
@@ -434,6 +436,7 @@ class KafkaReference:
         self.down_published = None
         self._zombie_stops(n)
         lead = self.rep[n]
+        self.epoch_start = len(lead.log)
         for b, r in self.rep.items():
             if b != n and not (self.zombie is not None and b == self.zombie.broker):
                 self._truncate_to_leader(r)  # rule 9: keep only the prefix shared with the new leader
@@ -615,7 +618,9 @@ class KafkaReference:
         r.fetched = new_len
         r.lcu = t if new_len == len(lead) else max(r.lcu, upto)
         self._recompute_hw(t)
-        if b not in self.isr and new_len >= self.hw:  # rule 7: rejoin once caught up to the high watermark
+        # Rule 7 with SPEC §3.7 K-5 (`Partition.isFollowerInSync`): rejoin once the log end reaches both the high
+        # watermark and the current leader epoch's start offset.
+        if b not in self.isr and new_len >= self.hw and new_len >= self.epoch_start:
             self.isr = self._in_order([*self.isr, b])
             if b in self.elr:
                 self.elr.remove(b)
