@@ -126,6 +126,7 @@ class KafkaPartitionReplay:
         self.lead_app = Grow()
         self.lead_cum = Grow(np.zeros(1, dtype=np.int64))
         self.target = self.order[0]
+        self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
         self.seq = 0
@@ -250,6 +251,8 @@ class KafkaPartitionReplay:
         t = self.target
         if t < 0 or not self.up[self.ix[t]] or self.must_register[self.ix[t]]:
             return -1  # a restarted broker serves nothing until its new incarnation registers
+        if t == self.leader and self.unaware:
+            return -1  # NOT_LEADER_OR_FOLLOWER until it learns of its election (SPEC §3.7 K-3)
         if t == self.leader or self._is_zombie_target():
             return t
         return -1
@@ -346,7 +349,7 @@ class KafkaPartitionReplay:
         ldr = self.leader
         li = self.ix[ldr] if ldr >= 0 else -1
         l_ok = ldr >= 0 and self._eligible(ldr)
-        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li]
+        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li] and not self.unaware
         refusing = srv >= 0 and self._refusing()
         accepting = srv >= 0 and not refusing
         is_arr = code != C_REPLICATE
@@ -851,10 +854,13 @@ class KafkaPartitionReplay:
             self._register(t, b)
         elif self.up[i]:
             self.unreach[i] = -1
-        if b == self.leader:
+        if b == self.leader and self.unaware and self.up[i] and not self.must_register[i]:
+            self.unaware = False  # SPEC §3.7 K-3: it learns of its election and leads from now
+            self._lead(t)
+        elif b == self.leader:
             self.iso_view = None
             self._recompute_hw(t)
-        elif self.up[i] and self.leader >= 0:
+        elif self.up[i] and self.leader >= 0 and not self.unaware:
             self._truncate_to_leader(i)
         if b == self.target and self.leader != b:
             self._schedule_switch(t)
@@ -887,22 +893,32 @@ class KafkaPartitionReplay:
         if self.p.eligible_leader_replicas and len(self.isr) < self.min_isr and b not in self.elr:
             self.elr.append(b)
 
+    def _electable(self, b: int) -> bool:
+        """The controller's view (SPEC §3.7 K-3, as `KafkaReference._electable`): up, registered, and, if
+        isolated, not yet fenced."""
+        i = self.ix[b]
+        if not self.up[i] or self.must_register[i]:
+            return False
+        return bool(not self.iso[i] or self.unreach[i] >= 0)
+
     def _elect(self, t: int) -> None:
-        cands = [b for b in self._in_order(self.isr) if self._eligible(b)]
+        cands = [b for b in self._in_order(self.isr) if self._electable(b)]
         chosen, new_isr = (cands[0], self.isr) if cands else (-1, None)
         if chosen < 0 and self.p.eligible_leader_replicas:
-            elr = [b for b in self._in_order(self.elr) if self._eligible(b)]
+            elr = [b for b in self._in_order(self.elr) if self._electable(b)]
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
         if chosen < 0 and self.p.unclean_leader_election:
-            up = [b for b in self.order if self._eligible(b)]
+            up = [b for b in self.order if self._electable(b)]
             if up:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old >= 0 and self._can_be_zombie(old) and old == self.target and self.zombie is None:
+        if old >= 0 and self._can_be_zombie(old) and old == self.target and self.zombie is None \
+                and not self.unaware:
             self.zombie = {"broker": old, "epoch": self.epoch, "view": self.iso_view or (old,), "hw": self.hw}
+        self.unaware = False
         if chosen < 0:
             self.leader = -1
             self.iso_view = None
@@ -910,12 +926,34 @@ class KafkaPartitionReplay:
         self.isr = self._in_order(new_isr)
         self._set_leader(t, chosen)
 
+    def _clients_stay(self) -> bool:
+        """As `KafkaReference._clients_stay`: only a zombie or a restarted unregistered old leader keeps them."""
+        tgt = self.target
+        if tgt < 0 or not self.up[self.ix[tgt]] or not self.iso[self.ix[tgt]]:
+            return False
+        return bool(self.must_register[self.ix[tgt]]) or self._is_zombie_target()
+
     def _set_leader(self, t: int, n: int) -> None:
+        """The controller elects n; an isolated n learns of it only when it heals (SPEC §3.7 K-3)."""
         self.leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_pub = None
         self._zombie_stops(n)
+        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
+            self.elr = []
+        ni = self.ix[n]
+        if self.iso[ni]:
+            self.unaware = True
+            self.hw = min(self.hw, int(self.log_len[ni]))
+            if not self._clients_stay():
+                self._schedule_switch(t)
+            return
+        self._lead(t)
+
+    def _lead(self, t: int) -> None:
+        """The leader takes over: truncation (rule 9), followers caught up, the high watermark restarts."""
+        n = self.leader
         ni = self.ix[n]
         self.epoch_start = int(self.log_len[ni])
         for i, b in enumerate(self.order):
@@ -925,15 +963,12 @@ class KafkaPartitionReplay:
                 self.fetched[i] = self.log_len[i]
                 self.lcu[i] = t
         self._rebuild_leader_log()
-        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
-            self.elr = []
         if self._frozen(len(self.isr)):
             self.hw = min(self.hw, int(self.log_len[ni]))
         else:
             self.hw = min(int(self.log_len[ni]) if b == n else int(self.fetched[self.ix[b]]) for b in self.isr)
         self._mark_visible(t, n, 0, self.hw)
-        tgt = self.target
-        if tgt < 0 or not self.up[self.ix[tgt]] or not self.iso[self.ix[tgt]]:
+        if not self._clients_stay():
             self._schedule_switch(t)
         self._ack_committed(t)  # as the reference: clients already on the new leader need no failover
 

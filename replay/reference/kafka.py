@@ -4,7 +4,7 @@ One loop over the partition's time-ordered events, explicit state, every rule ci
 for differential tests, not for speed.
 
 Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices" points here):
-- A broker that is isolated is not electable, even before the controller fences it.
+- (v1 made an isolated broker unelectable before its fencing; SPEC §3.7 K-3 replaces that, see `_electable`.)
 - The leader's view of a follower's log end (`fetched`) only changes when the follower fetches or truncates,
   so a follower's power loss does not pull the high watermark back. The high watermark never decreases within
   a leader epoch; a new leader starts from min(log end) over the ISR.
@@ -29,6 +29,8 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
   `_attempt`, `_maybe_elr` all use min(min_insync_replicas, replication_factor).
 - K-2 exponential retry backoff (KIP-580, `CommonClientConfigs`, `RecordAccumulator`): `_retry_backoff_us`.
 - K-5 ISR expand needs the leader epoch's start offset too (`Partition.isFollowerInSync`): `_replicate`.
+- K-3 the controller's view of electability (`ClusterControlManager.isActive`, `ReplicationControlManager`):
+  `_electable`; an isolated broker elected learns of it only when it heals (`unaware`, `_lead`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Replica:
 
     @property
     def eligible(self) -> bool:
+        """Reachable: it fetches, and it can lead at once."""
         return self.up and not self.isolated
 
     @property
@@ -145,6 +148,7 @@ class KafkaReference:
         self.epoch_start = 0  # the leader's log end when its epoch began (SPEC §3.7 K-5)
         self.iso_view: tuple[int, ...] | None = None  # ISR known to an isolated leader
         self.target: int | None = replicas[0]  # the broker clients send to
+        self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
         self.zombie: Zombie | None = None
         self.down_published: tuple[int, int] | None = None  # (leo, hw) last published by a leader now down
         self.msgs: dict[int, Msg] = {}
@@ -181,6 +185,8 @@ class KafkaReference:
         tgt = self.target
         if tgt is None or not self.rep[tgt].up or self.rep[tgt].must_register:
             return None  # a restarted broker serves nothing until its new incarnation registers
+        if tgt == self.leader and self.unaware:
+            return None  # it does not know it leads: NOT_LEADER_OR_FOLLOWER (SPEC §3.7 K-3)
         if tgt == self.leader or (self.zombie is not None and tgt == self.zombie.broker):
             return tgt
         return None
@@ -368,10 +374,13 @@ class KafkaReference:
             self._register(t, b)
         elif r.up:
             r.unreachable_since = None  # an isolation that heals before the deadline causes no fencing (rule 6)
-        if b == self.leader:
+        if b == self.leader and self.unaware and r.up and not r.must_register:
+            self.unaware = False  # SPEC §3.7 K-3: it learns of its election and leads from now
+            self._lead(t)
+        elif b == self.leader:
             self.iso_view = None
             self._recompute_hw(t)
-        elif r.up and self.leader is not None:
+        elif r.up and self.leader is not None and not self.unaware:
             self._truncate_to_leader(r)  # rule 10: the zombie is truncated once it rejoins
         if b == self.target and self.leader != b:
             self._schedule_switch(t)
@@ -406,22 +415,34 @@ class KafkaReference:
             self.elr.append(b)
 
     # --------------------------------------------------------------------------- election (rules 8-9)
+    def _electable(self, b: int) -> bool:
+        """The controller's view (SPEC §3.7 K-3, `ClusterControlManager.isActive` used by
+        `ReplicationControlManager`): it excludes only fenced or shutting-down brokers, so an isolated broker is
+        electable until its fencing deadline. A broker that is down is not (v1 rule 8), nor a new incarnation
+        that has not registered yet."""
+        r = self.rep[b]
+        if not r.up or r.must_register:
+            return False
+        return not r.isolated or r.unreachable_since is not None  # isolated: only until it is fenced
+
     def _elect(self, t: int) -> None:
-        candidates = [b for b in self._in_order(self.isr) if self.rep[b].eligible]
+        candidates = [b for b in self._in_order(self.isr) if self._electable(b)]
         chosen, new_isr = (candidates[0], self.isr) if candidates else (None, None)
         if chosen is None and self.p.eligible_leader_replicas:
-            elr = [b for b in self._in_order(self.elr) if self.rep[b].eligible]
+            elr = [b for b in self._in_order(self.elr) if self._electable(b)]
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
         if chosen is None and self.p.unclean_leader_election:
-            up = [b for b in self.order if self.rep[b].eligible]
+            up = [b for b in self.order if self._electable(b)]
             if up:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None:
+        if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None \
+                and not self.unaware:  # a leader that never knew it led answers no client as leader
             self.zombie = Zombie(old, self.epoch, self.iso_view or (old,), self.hw)
+        self.unaware = False
         if chosen is None:
             self.leader = None  # offline
             self.iso_view = None
@@ -429,12 +450,37 @@ class KafkaReference:
         self.isr = self._in_order(new_isr)
         self._set_leader(t, chosen)
 
+    def _clients_stay(self) -> bool:
+        """Clients keep their broker across an election only while it answers them as leader (a zombie, rule
+        10) or is a restarted, unregistered old leader they cannot tell from one; an isolated broker that
+        answers NOT_LEADER_OR_FOLLOWER (SPEC §3.7 K-3) makes them refresh metadata."""
+        tgt = self.target
+        if tgt is None or not self.rep[tgt].up or not self.rep[tgt].isolated:
+            return False
+        return self.rep[tgt].must_register or (self.zombie is not None and self.zombie.broker == tgt)
+
     def _set_leader(self, t: int, n: int) -> None:
+        """The controller elects n (a new leader epoch). An isolated n cannot learn of it (SPEC §3.7 K-3): it
+        takes no writes, and nothing else changes until it heals (`_lead`) or is fenced (a new election)."""
         self.leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_published = None
         self._zombie_stops(n)
+        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
+            self.elr = []
+        if self.rep[n].isolated:
+            self.unaware = True
+            self.hw = min(self.hw, len(self.rep[n].log))
+            if not self._clients_stay():
+                self._schedule_switch(t)
+            return
+        self._lead(t)
+
+    def _lead(self, t: int) -> None:
+        """The leader takes over (at its election, or when an isolated one heals, SPEC §3.7 K-3): followers keep
+        the prefix they share with it (rule 9), count as caught up, and the high watermark restarts."""
+        n = self.leader
         lead = self.rep[n]
         self.epoch_start = len(lead.log)
         for b, r in self.rep.items():
@@ -443,14 +489,12 @@ class KafkaReference:
             if b != n:
                 r.fetched = len(r.log)
                 r.lcu = t  # after a leader change every follower counts as caught up
-        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
-            self.elr = []
         if self._frozen(len(self.isr)):
             self.hw = min(self.hw, len(lead.log))
         else:
             self.hw = min(len(lead.log) if b == n else self.rep[b].fetched for b in self.isr)
         self._mark_visible(t, n, self.hw)
-        if self.target is None or not self.rep[self.target].up or not self.rep[self.target].isolated:
+        if not self._clients_stay():
             self._schedule_switch(t)
         if not self.virtual:
             # Clients already writing to the new leader (it led before, e.g. an ex-zombie re-elected) need no
@@ -647,7 +691,7 @@ class KafkaReference:
     def _recompute_hw(self, t: int) -> None:
         """Rule 4: high watermark = min log end over the ISR, frozen below min ISR (strict_min_isr)."""
         ldr = self.leader
-        if ldr is None or not self.rep[ldr].up or self.rep[ldr].must_register:
+        if ldr is None or not self.rep[ldr].up or self.rep[ldr].must_register or self.unaware:
             return
         view = self._view()
         if ldr not in view:
