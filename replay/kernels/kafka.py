@@ -127,6 +127,7 @@ class KafkaPartitionReplay:
         self.lead_cum = Grow(np.zeros(1, dtype=np.int64))
         self.target = self.order[0]
         self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
+        self.last_leader = self.order[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
         self.seq = 0
@@ -909,6 +910,9 @@ class KafkaPartitionReplay:
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
+        if chosen < 0 and self.p.eligible_leader_replicas and not self.p.unclean_leader_election \
+                and not self.isr and not self.elr and self._electable(self.last_leader):
+            chosen, new_isr = self.last_leader, [self.last_leader]  # SPEC §3.7 K-4, as the reference
         if chosen < 0 and self.p.unclean_leader_election:
             up = [b for b in self.order if self._electable(b)]
             if up:
@@ -936,6 +940,7 @@ class KafkaPartitionReplay:
     def _set_leader(self, t: int, n: int) -> None:
         """The controller elects n; an isolated n learns of it only when it heals (SPEC §3.7 K-3)."""
         self.leader = n
+        self.last_leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_pub = None

@@ -31,6 +31,7 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
 - K-5 ISR expand needs the leader epoch's start offset too (`Partition.isFollowerInSync`): `_replicate`.
 - K-3 the controller's view of electability (`ClusterControlManager.isActive`, `ReplicationControlManager`):
   `_electable`; an isolated broker elected learns of it only when it heals (`unaware`, `_lead`).
+- K-4 last known leader with ELR (KIP-966, `PartitionChangeBuilder`): `_elect`.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ class KafkaReference:
         self.iso_view: tuple[int, ...] | None = None  # ISR known to an isolated leader
         self.target: int | None = replicas[0]  # the broker clients send to
         self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
+        self.last_leader = replicas[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: Zombie | None = None
         self.down_published: tuple[int, int] | None = None  # (leo, hw) last published by a leader now down
         self.msgs: dict[int, Msg] = {}
@@ -433,6 +435,11 @@ class KafkaReference:
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
+        if chosen is None and self.p.eligible_leader_replicas and not self.p.unclean_leader_election \
+                and not self.isr and not self.elr and self._electable(self.last_leader):
+            # SPEC §3.7 K-4 (KIP-966, `PartitionChangeBuilder`): with ISR and ELR both empty, the last known
+            # leader leads again when it comes back, keeping what it holds.
+            chosen, new_isr = self.last_leader, [self.last_leader]
         if chosen is None and self.p.unclean_leader_election:
             up = [b for b in self.order if self._electable(b)]
             if up:
@@ -463,6 +470,7 @@ class KafkaReference:
         """The controller elects n (a new leader epoch). An isolated n cannot learn of it (SPEC §3.7 K-3): it
         takes no writes, and nothing else changes until it heals (`_lead`) or is fenced (a new election)."""
         self.leader = n
+        self.last_leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_published = None
