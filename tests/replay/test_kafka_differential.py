@@ -102,6 +102,33 @@ def test_strategy_produces_faults_and_traffic():
     assert np.int64  # keep numpy import used for readers extending this file
 
 
+def test_strategy_exercises_the_v1_1_rules():
+    """The cases reach SPEC §3.7's Kafka rules: min ISR above the replication factor (K-1), an exponential backoff
+    below its cap (K-2), isolations healed before and after the 9 s KRaft fencing (K-3), ELR (K-4)."""
+    seen = set()
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(cases())
+    def collect(case):
+        _manifest, table, policy = case
+        if policy.min_insync_replicas > policy.replication_factor:
+            seen.add("min_isr_above_rf")
+        if policy.retry_backoff_max_ms > policy.retry_backoff_ms:
+            seen.add("backoff_grows")
+        if policy.eligible_leader_replicas:
+            seen.add("elr")
+        isolated_at = {}
+        for ts, kind, broker in zip(*(table.column(c).to_pylist() for c in ("ts_us", "kind", "broker"))):
+            if kind == "isolate":
+                isolated_at[broker] = ts
+            elif kind == "heal":
+                long = ts - isolated_at.pop(broker) > 9_000_000
+                seen.add("heal_after_fencing" if long else "heal_before_fencing")
+
+    collect()
+    assert {"min_isr_above_rf", "backoff_grows", "elr", "heal_after_fencing", "heal_before_fencing"} <= seen, seen
+
+
 # --------------------------------------------------------------------------------- pinned regressions
 # Cases the slow suite found, minimized, with every outcome and the timeline derived by hand from SPEC §3.2 (not
 # copied from either engine). Events are (ts_us, kind, broker | msg_id[, upto_us]); brokers 0 and 1, replicas
