@@ -118,7 +118,7 @@ def test_strategy_exercises_the_v1_1_rules():
         if policy.eligible_leader_replicas:
             seen.add("elr")
         isolated_at = {}
-        for ts, kind, broker in zip(*(table.column(c).to_pylist() for c in ("ts_us", "kind", "broker"))):
+        for ts, kind, broker in zip(*(table.column(c).to_pylist() for c in ("ts_us", "kind", "broker")), strict=True):
             if kind == "isolate":
                 isolated_at[broker] = ts
             elif kind == "heal":
