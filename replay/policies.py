@@ -165,36 +165,67 @@ class KafkaPolicy(Policy):
     description: ClassVar[str] = "Apache Kafka ISR replication: acks, min.insync.replicas, clean/unclean " \
                                  "election, KRaft/ZooKeeper failover"
 
-    # Kafka only (SPEC §3.7 R-1): RocketMQ clients learn a new master at their route poll instead.
+    # The common parameters again, with the Kafka config key or class each one stands for (SPEC §3.7).
+    partitions: int = param(12, "partitions of the topic", source="`NewTopic` numPartitions (broker default "
+                            "`num.partitions`)", minimum=1, maximum=100000)
+    flush: FlushMode = param(FlushMode.ASYNC, "`sync` (durable before ack) or `async`",
+                             source="`flush.messages` (TopicConfig; sync = 1)")
+    flush_interval_ms: int | None = param(None, "async flush cadence: a message is durable on a broker at the "
+                                          "first flush tick at or after it was written there; null = no Kafka "
+                                          "fsync, the OS writes back pages older than 30000 ms every 5000 ms",
+                                          unit="ms", minimum=1, nullable=True,
+                                          source="`flush.ms` (TopicConfig); null: Linux "
+                                          "vm.dirty_expire_centisecs / vm.dirty_writeback_centisecs")
     client_failover_ms: int = param(100, "time from a new leader being chosen to clients producing to it "
                                     "(metadata refresh; undocumented in Kafka)", unit="ms", minimum=0,
-                                    source="SPEC §3.1; reference §A.6 ⚠")
-    replication_factor: int = param(3, "replicas per partition", source="topic config", minimum=1,
-                                    maximum=32)
-    acks: Acks = param(Acks.ALL, "producer acks: `0`, `1` or `all`", source="K-ProducerConfig (all since 3.0)")
-    min_insync_replicas: int = param(1, "acks=all is refused before append while |ISR| is below this; "
+                                    source="`Metadata.requestUpdate` on NOT_LEADER_OR_FOLLOWER (`Sender`); "
+                                    "delay undocumented, reference §A.6 ⚠")
+    delivery_timeout_ms: int = param(120000, "a client gives up on a message this long after its first send",
+                                     unit="ms", minimum=1, source="`delivery.timeout.ms` (ProducerConfig)")
+    replication_factor: int = param(3, "replicas per partition", minimum=1, maximum=32,
+                                    source="`NewTopic` replicationFactor (broker default "
+                                    "`default.replication.factor`)")
+    acks: Acks = param(Acks.ALL, "producer acks: `0`, `1` or `all`",
+                       source="`acks` (ProducerConfig; all since 3.0, KIP-679)")
+    min_insync_replicas: int = param(1, "acks=all is refused before append while the ISR size is below this; "
                                      "effective value is min(this, replication_factor)",
-                                     source="K-ServerLogConfigs", minimum=1, maximum=32)
+                                     source="`min.insync.replicas` (ServerLogConfigs); `Partition.effectiveMinIsr`",
+                                     minimum=1, maximum=32)
     replica_lag_time_max_ms: int = param(30000, "a follower not caught up for longer leaves the ISR; checked "
                                          "every half of it", unit="ms", minimum=2,
-                                         source="K-ReplicationConfigs (since 2.5)")
+                                         source="`replica.lag.time.max.ms` (ReplicationConfigs, 30000 since 2.5); "
+                                         "`ReplicaManager` isr-expiration")
     controller: Controller = param(Controller.KRAFT, "`kraft` (broker.session.timeout.ms 9000) or `zookeeper` "
-                                   "(zookeeper.session.timeout.ms 18000)", source="K-KRaftConfigs, K-ZkConfigs")
+                                   "(zookeeper.session.timeout.ms 18000)",
+                                   source="`broker.session.timeout.ms` (KRaftConfigs), `zookeeper.session.timeout.ms` "
+                                   "(ZkConfigs)")
     unclean_leader_election: bool = param(False, "elect an out-of-sync replica when no ISR member is up",
-                                          source="KIP-106 (false since 0.11)")
+                                          source="`unclean.leader.election.enable` (TopicConfig; false since 0.11, "
+                                          "KIP-106)")
     eligible_leader_replicas: bool = param(False, "KIP-966 ELR: replicas that left the ISR below min ISR stay "
-                                           "electable", source="KIP-966 (on for new 4.1 clusters)")
-    strict_min_isr: bool = param(True, "the high watermark does not advance while |ISR| < min_insync_replicas",
-                                 source="KAFKA-15583 (since 3.7)")
+                                           "electable",
+                                           source="`eligible.leader.replicas.version` feature (KIP-966, on for new 4.1 "
+                                           "clusters); `PartitionChangeBuilder`")
+    strict_min_isr: bool = param(True, "the high watermark does not advance while the ISR size is below the "
+                                 "effective min_insync_replicas",
+                                 source="`Partition.maybeIncrementLeaderHW` (KAFKA-15583, since 3.7)")
     request_timeout_ms: int = param(30000, "a produce request not acknowledged within this is retried",
-                                    unit="ms", minimum=1, source="K-ProducerConfig")
-    retry_backoff_ms: int = param(100, "a refused message (NotEnoughReplicas) is tried again this long after "
-                                  "its previous attempt", unit="ms", minimum=1, source="K-ProducerConfig")
+                                    unit="ms", minimum=1, source="`request.timeout.ms` (ProducerConfig)")
+    retry_backoff_ms: int = param(100, "a refused message (NotEnoughReplicas) is first tried again this long "
+                                  "after its previous attempt; the n-th retry waits "
+                                  "min(retry_backoff_max_ms, this × 2^(n−1)) (no jitter)", unit="ms", minimum=1,
+                                  source="`retry.backoff.ms` (CommonClientConfigs); `RecordAccumulator`")
+    retry_backoff_max_ms: int = param(1000, "the cap of the exponential retry backoff (KIP-580, producer 3.7+)",
+                                      unit="ms", minimum=1,
+                                      source="`retry.backoff.max.ms` (CommonClientConfigs, KIP-580); "
+                                      "`RecordAccumulator`")
     metadata_max_age_ms: int = param(300000, "how long clients keep writing to an isolated leader that still "
-                                     "answers", unit="ms", minimum=1, source="K-ProducerConfig")
+                                     "answers", unit="ms", minimum=1,
+                                     source="`metadata.max.age.ms` (ProducerConfig)")
     assignment: Assignment = param(Assignment.SEED, "`seed`: replica j of partition i on broker (i + j) mod N; "
                                    "`kafka`: AdminUtils round-robin with shift, start index 0",
-                                   source="SPEC §3.2; K-AdminUtils")
+                                   source="seed: SPEC §3.2; kafka: `AdminUtils.assignReplicasToBrokers` "
+                                   "(rack-unaware)")
 
     @property
     def session_timeout_ms(self) -> int:

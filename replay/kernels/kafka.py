@@ -43,7 +43,8 @@ C_FENCE, C_TICK, C_CLIENT, C_RETRY = 9, 10, 11, 12
 WAITING, REFUSED, APPENDED, ACKED, FAILED = range(5)
 _PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
-    "anchor": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64, "vis": np.int64,
+    "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
+    "vis": np.int64,
     # carried untouched to the outputs (PartitionEvents.payload)
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
@@ -119,11 +120,14 @@ class KafkaPartitionReplay:
         self.isr: list[int] = list(self.order)
         self.elr: list[int] = []
         self.hw = 0
+        self.epoch_start = 0  # the leader's log end when its epoch began (SPEC §3.7 K-5)
         self.iso_view: tuple[int, ...] | None = None
         self.down_pub: tuple[int, int] | None = None
         self.lead_app = Grow()
         self.lead_cum = Grow(np.zeros(1, dtype=np.int64))
         self.target = self.order[0]
+        self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
+        self.last_leader = self.order[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
         self.seq = 0
@@ -238,7 +242,8 @@ class KafkaPartitionReplay:
         return self.iso_view if self.iso_view is not None else tuple(self.isr)
 
     def _frozen(self, size: int) -> bool:
-        return self.p.strict_min_isr and size < self.p.min_insync_replicas
+        """strict_min_isr, against the effective min ISR (SPEC §3.7 K-1, as `KafkaReference._frozen`)."""
+        return self.p.strict_min_isr and size < self.min_isr
 
     def _is_zombie_target(self) -> bool:
         return self.zombie is not None and self.target == self.zombie["broker"]
@@ -247,6 +252,8 @@ class KafkaPartitionReplay:
         t = self.target
         if t < 0 or not self.up[self.ix[t]] or self.must_register[self.ix[t]]:
             return -1  # a restarted broker serves nothing until its new incarnation registers
+        if t == self.leader and self.unaware:
+            return -1  # NOT_LEADER_OR_FOLLOWER until it learns of its election (SPEC §3.7 K-3)
         if t == self.leader or self._is_zombie_target():
             return t
         return -1
@@ -343,7 +350,7 @@ class KafkaPartitionReplay:
         ldr = self.leader
         li = self.ix[ldr] if ldr >= 0 else -1
         l_ok = ldr >= 0 and self._eligible(ldr)
-        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li]
+        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li] and not self.unaware
         refusing = srv >= 0 and self._refusing()
         accepting = srv >= 0 and not refusing
         is_arr = code != C_REPLICATE
@@ -393,11 +400,12 @@ class KafkaPartitionReplay:
             hw = np.maximum(self.hw, cand)
         else:
             hw = np.full(n, self.hw, dtype=np.int64)
-        # ----- ISR expansion (rule 7) cuts the segment after the report that triggers it
+        # ----- ISR expansion (rule 7; SPEC §3.7 K-5, `Partition.isFollowerInSync`: the high watermark and the
+        # leader epoch's start offset) cuts the segment after the report that triggers it
         for b, (idx, new_len, _) in follower.items():
             if b in self.isr:
                 continue
-            hit = np.flatnonzero(new_len >= hw[idx])
+            hit = np.flatnonzero((new_len >= hw[idx]) & (new_len >= self.epoch_start))
             if len(hit) and idx[hit[0]] < expand_at:
                 expand_at, expand_b = int(idx[hit[0]]), b
         m = n if expand_b < 0 else expand_at + 1
@@ -433,7 +441,8 @@ class KafkaPartitionReplay:
             created = self.pend.append(
                 msg=seg["msg"][is_new], prod=new_ts, size=seg["size"][is_new],
                 dead=new_ts + self.p.delivery_timeout_ms * MS, state=np.full(k, WAITING, np.int8),
-                err=np.zeros(k, np.int8), anchor=new_ts, pe=np.full(k, -1), po=np.full(k, -1),
+                err=np.zeros(k, np.int8), anchor=new_ts, nref=np.zeros(k, np.int64), pe=np.full(k, -1),
+                po=np.full(k, -1),
                 req=np.full(k, INF), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US),
                 **{name: seg[name][is_new] for name in PAYLOAD},
             )
@@ -448,8 +457,9 @@ class KafkaPartitionReplay:
         elif srv < 0:
             st[arr_rows] = WAITING
         elif refusing:
-            st[arr_rows] = REFUSED  # NotEnoughReplicas; the retry grid continues from here
+            st[arr_rows] = REFUSED  # NotEnoughReplicas; the retry schedule continues from here
             anchor[arr_rows] = arr_ts
+            self.pend.cols["nref"][arr_rows] += 1  # one arrival per row and segment (SPEC §3.7 K-2)
         # ----- appends to the serving broker
         if arr_app.any():
             a_rows, a_ts = arr_rows[arr_app], arr_ts[arr_app]
@@ -845,10 +855,13 @@ class KafkaPartitionReplay:
             self._register(t, b)
         elif self.up[i]:
             self.unreach[i] = -1
-        if b == self.leader:
+        if b == self.leader and self.unaware and self.up[i] and not self.must_register[i]:
+            self.unaware = False  # SPEC §3.7 K-3: it learns of its election and leads from now
+            self._lead(t)
+        elif b == self.leader:
             self.iso_view = None
             self._recompute_hw(t)
-        elif self.up[i] and self.leader >= 0:
+        elif self.up[i] and self.leader >= 0 and not self.unaware:
             self._truncate_to_leader(i)
         if b == self.target and self.leader != b:
             self._schedule_switch(t)
@@ -881,22 +894,35 @@ class KafkaPartitionReplay:
         if self.p.eligible_leader_replicas and len(self.isr) < self.min_isr and b not in self.elr:
             self.elr.append(b)
 
+    def _electable(self, b: int) -> bool:
+        """The controller's view (SPEC §3.7 K-3, as `KafkaReference._electable`): up, registered, and, if
+        isolated, not yet fenced."""
+        i = self.ix[b]
+        if not self.up[i] or self.must_register[i]:
+            return False
+        return bool(not self.iso[i] or self.unreach[i] >= 0)
+
     def _elect(self, t: int) -> None:
-        cands = [b for b in self._in_order(self.isr) if self._eligible(b)]
+        cands = [b for b in self._in_order(self.isr) if self._electable(b)]
         chosen, new_isr = (cands[0], self.isr) if cands else (-1, None)
         if chosen < 0 and self.p.eligible_leader_replicas:
-            elr = [b for b in self._in_order(self.elr) if self._eligible(b)]
+            elr = [b for b in self._in_order(self.elr) if self._electable(b)]
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
+        if chosen < 0 and self.p.eligible_leader_replicas and not self.p.unclean_leader_election \
+                and not self.isr and not self.elr and self._electable(self.last_leader):
+            chosen, new_isr = self.last_leader, [self.last_leader]  # SPEC §3.7 K-4, as the reference
         if chosen < 0 and self.p.unclean_leader_election:
-            up = [b for b in self.order if self._eligible(b)]
+            up = [b for b in self.order if self._electable(b)]
             if up:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old >= 0 and self._can_be_zombie(old) and old == self.target and self.zombie is None:
+        if old >= 0 and self._can_be_zombie(old) and old == self.target and self.zombie is None \
+                and not self.unaware:
             self.zombie = {"broker": old, "epoch": self.epoch, "view": self.iso_view or (old,), "hw": self.hw}
+        self.unaware = False
         if chosen < 0:
             self.leader = -1
             self.iso_view = None
@@ -904,13 +930,37 @@ class KafkaPartitionReplay:
         self.isr = self._in_order(new_isr)
         self._set_leader(t, chosen)
 
+    def _clients_stay(self) -> bool:
+        """As `KafkaReference._clients_stay`: only a zombie or a restarted unregistered old leader keeps them."""
+        tgt = self.target
+        if tgt < 0 or not self.up[self.ix[tgt]] or not self.iso[self.ix[tgt]]:
+            return False
+        return bool(self.must_register[self.ix[tgt]]) or self._is_zombie_target()
+
     def _set_leader(self, t: int, n: int) -> None:
+        """The controller elects n; an isolated n learns of it only when it heals (SPEC §3.7 K-3)."""
         self.leader = n
+        self.last_leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_pub = None
         self._zombie_stops(n)
+        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
+            self.elr = []
         ni = self.ix[n]
+        if self.iso[ni]:
+            self.unaware = True
+            self.hw = min(self.hw, int(self.log_len[ni]))
+            if not self._clients_stay():
+                self._schedule_switch(t)
+            return
+        self._lead(t)
+
+    def _lead(self, t: int) -> None:
+        """The leader takes over: truncation (rule 9), followers caught up, the high watermark restarts."""
+        n = self.leader
+        ni = self.ix[n]
+        self.epoch_start = int(self.log_len[ni])
         for i, b in enumerate(self.order):
             if b != n and not (self.zombie is not None and b == self.zombie["broker"]):
                 self._truncate_to_leader(i)
@@ -918,15 +968,12 @@ class KafkaPartitionReplay:
                 self.fetched[i] = self.log_len[i]
                 self.lcu[i] = t
         self._rebuild_leader_log()
-        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
-            self.elr = []
         if self._frozen(len(self.isr)):
             self.hw = min(self.hw, int(self.log_len[ni]))
         else:
             self.hw = min(int(self.log_len[ni]) if b == n else int(self.fetched[self.ix[b]]) for b in self.isr)
         self._mark_visible(t, n, 0, self.hw)
-        tgt = self.target
-        if tgt < 0 or not self.up[self.ix[tgt]] or not self.iso[self.ix[tgt]]:
+        if not self._clients_stay():
             self._schedule_switch(t)
         self._ack_committed(t)  # as the reference: clients already on the new leader need no failover
 
@@ -1038,6 +1085,10 @@ class KafkaPartitionReplay:
             return
         st = self.pend.cols["state"]
         rows = np.flatnonzero((st[:n] <= APPENDED) & (self.pend["dead"] >= t))
+        lazy = rows[st[rows] == REFUSED]
+        if len(self.sched_row):
+            lazy = lazy[~np.isin(lazy, self.sched_row)]
+        self._skip_refused_retries(lazy, t)  # their retries before t were refused: they count (K-2)
         if len(self.sched_row):  # their pending retries are superseded by this attempt
             keep = ~np.isin(self.sched_row, rows)
             self.sched_key, self.sched_row = self.sched_key[keep], self.sched_row[keep]
@@ -1088,6 +1139,7 @@ class KafkaPartitionReplay:
         if self._refusing():
             st[rows] = REFUSED
             self.pend.cols["anchor"][rows] = t
+            self.pend.cols["nref"][rows] += 1
             return
         si = self.ix[srv]
         epoch = self._serving_epoch()
@@ -1114,9 +1166,47 @@ class KafkaPartitionReplay:
             z["hw"] = n
         self._ack_committed(t)
 
+    def _retry_delay_us(self, n: np.ndarray) -> np.ndarray:
+        """Wait before the n-th retry of a refused message (SPEC §3.7 K-2, as `KafkaReference._retry_backoff_us`):
+        min(retry_backoff_max_ms, retry_backoff_ms × 2^(n−1)), computed without overflow."""
+        base, cap = self.p.retry_backoff_ms * MS, self.p.retry_backoff_max_ms * MS
+        doublings = 0  # the first exponent at which the backoff reaches the cap
+        while base << doublings < cap:
+            doublings += 1
+        e = n - 1
+        return np.where(e >= doublings, cap, base << np.minimum(e, doublings))
+
+    def _skip_refused_retries(self, rows: np.ndarray, t: int) -> np.ndarray:
+        """Rows refused while the serving broker kept refusing: their retries strictly before t were refused too
+        (not materialized, see `_reschedule_pool`). Advances each row's last refusal (`anchor`) and refusal count
+        (`nref`) over them and returns its next retry time, the first at or after t (SPEC §3.7 K-2)."""
+        if not len(rows):
+            return np.zeros(0, dtype=np.int64)
+        cap = self.p.retry_backoff_max_ms * MS
+        anchor, nref = self.pend["anchor"][rows].copy(), self.pend["nref"][rows].copy()
+        nxt = anchor + self._retry_delay_us(nref)
+        while True:
+            behind = nxt < t
+            if not behind.any():
+                break
+            delay = self._retry_delay_us(nref + 1)
+            at_cap = behind & (delay >= cap)
+            if at_cap.any():  # constant steps from here: jump over all but the last one before t
+                k = (t - nxt[at_cap] - 1) // cap  # further retries strictly before t after nxt
+                anchor[at_cap] = nxt[at_cap] + k * cap
+                nref[at_cap] += 1 + k
+                nxt[at_cap] = anchor[at_cap] + cap
+            step = behind & ~at_cap
+            anchor[step] = nxt[step]
+            nref[step] += 1
+            nxt[step] = anchor[step] + delay[step]
+        self.pend.cols["anchor"][rows] = anchor
+        self.pend.cols["nref"][rows] = nref
+        return nxt
+
     def _reschedule_pool(self, t: int) -> None:
-        """Refused messages retry every retry_backoff_ms (rule 3). While the serving broker refuses, those retries
-        would be refused again on the same grid, so they are only materialized once it may not refuse."""
+        """Refused messages retry after an exponential backoff (rule 3, SPEC §3.7 K-2). While the serving broker
+        refuses, those retries would be refused again, so they are only materialized once it may not refuse."""
         if self.acks is not Acks.ALL or self.pend.n == 0:
             return
         if self._serving() >= 0 and self._refusing():
@@ -1127,9 +1217,7 @@ class KafkaPartitionReplay:
             rows = rows[~np.isin(rows, self.sched_row)]
         if not len(rows):
             return
-        b = self.p.retry_backoff_ms * MS
-        anchor = self.pend["anchor"][rows]
-        nxt = anchor + np.maximum(1, -(-(t - anchor) // b)) * b  # first retry at or after t on the grid
+        nxt = self._skip_refused_retries(rows, t)
         ok = nxt <= self.pend["dead"][rows]
         all_keys = np.concatenate([self.sched_key, _key(nxt[ok], C_RETRY)])
         all_rows = np.concatenate([self.sched_row, rows[ok]])

@@ -4,7 +4,7 @@ One loop over the partition's time-ordered events, explicit state, every rule ci
 for differential tests, not for speed.
 
 Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices" points here):
-- A broker that is isolated is not electable, even before the controller fences it.
+- (v1 made an isolated broker unelectable before its fencing; SPEC §3.7 K-3 replaces that, see `_electable`.)
 - The leader's view of a follower's log end (`fetched`) only changes when the follower fetches or truncates,
   so a follower's power loss does not pull the high watermark back. The high watermark never decreases within
   a leader epoch; a new leader starts from min(log end) over the ISR.
@@ -23,6 +23,15 @@ Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices"
 - Unavailability: no up broker serves clients; or acks=all is refused (ISR below min); or (acks=all) the
   oldest entry above the serving leader's high watermark was appended more than request_timeout_ms ago
   (requests are timing out). It is measured by the traffic: an idle partition is not stalled.
+
+SPEC §3.7 corrections (v1.1), each next to its rule below:
+- K-1 effective min ISR everywhere (`Partition.effectiveMinIsr`, `Partition.maybeIncrementLeaderHW`): `_frozen`,
+  `_attempt`, `_maybe_elr` all use min(min_insync_replicas, replication_factor).
+- K-2 exponential retry backoff (KIP-580, `CommonClientConfigs`, `RecordAccumulator`): `_retry_backoff_us`.
+- K-5 ISR expand needs the leader epoch's start offset too (`Partition.isFollowerInSync`): `_replicate`.
+- K-3 the controller's view of electability (`ClusterControlManager.isActive`, `ReplicationControlManager`):
+  `_electable`; an isolated broker elected learns of it only when it heals (`unaware`, `_lead`).
+- K-4 last known leader with ELR (KIP-966, `PartitionChangeBuilder`): `_elect`.
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ class Replica:
 
     @property
     def eligible(self) -> bool:
+        """Reachable: it fetches, and it can lead at once."""
         return self.up and not self.isolated
 
     @property
@@ -104,6 +114,7 @@ class Msg:
     positions: list[tuple[int, int]] = field(default_factory=list)  # (epoch, offset) of every append
     request_us: int | None = None  # from when an ack for a held copy can reach the client
     retry_at: int | None = None  # the pending NotEnoughReplicas retry
+    refusals: int = 0  # NotEnoughReplicas answers so far: the exponent of the next backoff (SPEC §3.7 K-2)
 
 
 @dataclass
@@ -125,6 +136,8 @@ class KafkaReference:
         self.order = replicas  # assignment order; the first is the preferred leader
         self.duration_us = duration_us
         self.rep = {b: Replica(b) for b in replicas}
+        # SPEC §3.7 K-1: every use of min ISR (refusal, strict_min_isr freeze, ELR) is the effective one,
+        # min(min_insync_replicas, replication_factor) (`Partition.effectiveMinIsr`).
         self.min_isr = policy.effective_min_isr
         self.session_us = policy.session_timeout_ms * MS
         # Rule 2: the first replica in assignment order that is up leads; the ISR starts as all replicas.
@@ -133,8 +146,11 @@ class KafkaReference:
         self.isr: list[int] = list(replicas)
         self.elr: list[int] = []
         self.hw = 0
+        self.epoch_start = 0  # the leader's log end when its epoch began (SPEC §3.7 K-5)
         self.iso_view: tuple[int, ...] | None = None  # ISR known to an isolated leader
         self.target: int | None = replicas[0]  # the broker clients send to
+        self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
+        self.last_leader = replicas[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: Zombie | None = None
         self.down_published: tuple[int, int] | None = None  # (leo, hw) last published by a leader now down
         self.msgs: dict[int, Msg] = {}
@@ -161,13 +177,18 @@ class KafkaReference:
         return self.iso_view if self.iso_view is not None else tuple(self.isr)
 
     def _frozen(self, view_size: int) -> bool:
-        return self.p.strict_min_isr and view_size < self.p.min_insync_replicas
+        """strict_min_isr freezes the high watermark below the *effective* min ISR (SPEC §3.7 K-1,
+        `Partition.effectiveMinIsr` used by `Partition.maybeIncrementLeaderHW`): min ISR above the replication
+        factor acts as the replication factor, so such a topic still commits once every replica holds a write."""
+        return self.p.strict_min_isr and view_size < self.min_isr
 
     def _serving(self) -> int | None:
         """The broker that takes clients' writes now: the leader, or a zombie clients still use; None if none."""
         tgt = self.target
         if tgt is None or not self.rep[tgt].up or self.rep[tgt].must_register:
             return None  # a restarted broker serves nothing until its new incarnation registers
+        if tgt == self.leader and self.unaware:
+            return None  # it does not know it leads: NOT_LEADER_OR_FOLLOWER (SPEC §3.7 K-3)
         if tgt == self.leader or (self.zombie is not None and tgt == self.zombie.broker):
             return tgt
         return None
@@ -355,10 +376,13 @@ class KafkaReference:
             self._register(t, b)
         elif r.up:
             r.unreachable_since = None  # an isolation that heals before the deadline causes no fencing (rule 6)
-        if b == self.leader:
+        if b == self.leader and self.unaware and r.up and not r.must_register:
+            self.unaware = False  # SPEC §3.7 K-3: it learns of its election and leads from now
+            self._lead(t)
+        elif b == self.leader:
             self.iso_view = None
             self._recompute_hw(t)
-        elif r.up and self.leader is not None:
+        elif r.up and self.leader is not None and not self.unaware:
             self._truncate_to_leader(r)  # rule 10: the zombie is truncated once it rejoins
         if b == self.target and self.leader != b:
             self._schedule_switch(t)
@@ -393,22 +417,39 @@ class KafkaReference:
             self.elr.append(b)
 
     # --------------------------------------------------------------------------- election (rules 8-9)
+    def _electable(self, b: int) -> bool:
+        """The controller's view (SPEC §3.7 K-3, `ClusterControlManager.isActive` used by
+        `ReplicationControlManager`): it excludes only fenced or shutting-down brokers, so an isolated broker is
+        electable until its fencing deadline. A broker that is down is not (v1 rule 8), nor a new incarnation
+        that has not registered yet."""
+        r = self.rep[b]
+        if not r.up or r.must_register:
+            return False
+        return not r.isolated or r.unreachable_since is not None  # isolated: only until it is fenced
+
     def _elect(self, t: int) -> None:
-        candidates = [b for b in self._in_order(self.isr) if self.rep[b].eligible]
+        candidates = [b for b in self._in_order(self.isr) if self._electable(b)]
         chosen, new_isr = (candidates[0], self.isr) if candidates else (None, None)
         if chosen is None and self.p.eligible_leader_replicas:
-            elr = [b for b in self._in_order(self.elr) if self.rep[b].eligible]
+            elr = [b for b in self._in_order(self.elr) if self._electable(b)]
             if elr:
                 chosen, new_isr = elr[0], [elr[0]]
                 self.elr.remove(elr[0])
+        if chosen is None and self.p.eligible_leader_replicas and not self.p.unclean_leader_election \
+                and not self.isr and not self.elr and self._electable(self.last_leader):
+            # SPEC §3.7 K-4 (KIP-966, `PartitionChangeBuilder`): with ISR and ELR both empty, the last known
+            # leader leads again when it comes back, keeping what it holds.
+            chosen, new_isr = self.last_leader, [self.last_leader]
         if chosen is None and self.p.unclean_leader_election:
-            up = [b for b in self.order if self.rep[b].eligible]
+            up = [b for b in self.order if self._electable(b)]
             if up:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
         old = self.leader
-        if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None:
+        if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None \
+                and not self.unaware:  # a leader that never knew it led answers no client as leader
             self.zombie = Zombie(old, self.epoch, self.iso_view or (old,), self.hw)
+        self.unaware = False
         if chosen is None:
             self.leader = None  # offline
             self.iso_view = None
@@ -416,27 +457,52 @@ class KafkaReference:
         self.isr = self._in_order(new_isr)
         self._set_leader(t, chosen)
 
+    def _clients_stay(self) -> bool:
+        """Clients keep their broker across an election only while it answers them as leader (a zombie, rule
+        10) or is a restarted, unregistered old leader they cannot tell from one; an isolated broker that
+        answers NOT_LEADER_OR_FOLLOWER (SPEC §3.7 K-3) makes them refresh metadata."""
+        tgt = self.target
+        if tgt is None or not self.rep[tgt].up or not self.rep[tgt].isolated:
+            return False
+        return self.rep[tgt].must_register or (self.zombie is not None and self.zombie.broker == tgt)
+
     def _set_leader(self, t: int, n: int) -> None:
+        """The controller elects n (a new leader epoch). An isolated n cannot learn of it (SPEC §3.7 K-3): it
+        takes no writes, and nothing else changes until it heals (`_lead`) or is fenced (a new election)."""
         self.leader = n
+        self.last_leader = n
         self.epoch += 1
         self.iso_view = None
         self.down_published = None
         self._zombie_stops(n)
+        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
+            self.elr = []
+        if self.rep[n].isolated:
+            self.unaware = True
+            self.hw = min(self.hw, len(self.rep[n].log))
+            if not self._clients_stay():
+                self._schedule_switch(t)
+            return
+        self._lead(t)
+
+    def _lead(self, t: int) -> None:
+        """The leader takes over (at its election, or when an isolated one heals, SPEC §3.7 K-3): followers keep
+        the prefix they share with it (rule 9), count as caught up, and the high watermark restarts."""
+        n = self.leader
         lead = self.rep[n]
+        self.epoch_start = len(lead.log)
         for b, r in self.rep.items():
             if b != n and not (self.zombie is not None and b == self.zombie.broker):
                 self._truncate_to_leader(r)  # rule 9: keep only the prefix shared with the new leader
             if b != n:
                 r.fetched = len(r.log)
                 r.lcu = t  # after a leader change every follower counts as caught up
-        if self.p.eligible_leader_replicas and len(self.isr) >= self.min_isr:
-            self.elr = []
         if self._frozen(len(self.isr)):
             self.hw = min(self.hw, len(lead.log))
         else:
             self.hw = min(len(lead.log) if b == n else self.rep[b].fetched for b in self.isr)
         self._mark_visible(t, n, self.hw)
-        if self.target is None or not self.rep[self.target].up or not self.rep[self.target].isolated:
+        if not self._clients_stay():
             self._schedule_switch(t)
         if not self.virtual:
             # Clients already writing to the new leader (it led before, e.g. an ex-zombie re-elected) need no
@@ -514,12 +580,20 @@ class KafkaReference:
             return
         if self.p.acks is Acks.ALL and self._serving_view_size() < self.min_isr:
             self._set_state(msg, "refused")  # NotEnoughReplicas before append (rule 3), retriable
-            retry = t + self.p.retry_backoff_ms * MS
+            msg.refusals += 1
+            retry = t + self._retry_backoff_us(msg.refusals)
             if retry <= msg.deadline_us:
                 msg.retry_at = retry
                 self._push(retry, RETRY, "retry", msg.msg_id)
             return
         self._append(t, msg)
+
+    def _retry_backoff_us(self, n: int) -> int:
+        """The wait before the n-th retry of a refused message (SPEC §3.7 K-2, KIP-580: `CommonClientConfigs`
+        retry.backoff.max.ms, `RecordAccumulator`): min(retry_backoff_max_ms, retry_backoff_ms × 2^(n−1)), without
+        the 20 % jitter (deterministic replay). n counts the message's refusals over its whole life, as the
+        producer's batch attempt count never resets."""
+        return min(self.p.retry_backoff_max_ms, self.p.retry_backoff_ms * 2 ** (n - 1)) * MS
 
     def _on_retry(self, t: int, msg_id: int) -> None:
         msg = self.msgs[msg_id]
@@ -596,7 +670,9 @@ class KafkaReference:
         r.fetched = new_len
         r.lcu = t if new_len == len(lead) else max(r.lcu, upto)
         self._recompute_hw(t)
-        if b not in self.isr and new_len >= self.hw:  # rule 7: rejoin once caught up to the high watermark
+        # Rule 7 with SPEC §3.7 K-5 (`Partition.isFollowerInSync`): rejoin once the log end reaches both the high
+        # watermark and the current leader epoch's start offset.
+        if b not in self.isr and new_len >= self.hw and new_len >= self.epoch_start:
             self.isr = self._in_order([*self.isr, b])
             if b in self.elr:
                 self.elr.remove(b)
@@ -623,7 +699,7 @@ class KafkaReference:
     def _recompute_hw(self, t: int) -> None:
         """Rule 4: high watermark = min log end over the ISR, frozen below min ISR (strict_min_isr)."""
         ldr = self.leader
-        if ldr is None or not self.rep[ldr].up or self.rep[ldr].must_register:
+        if ldr is None or not self.rep[ldr].up or self.rep[ldr].must_register or self.unaware:
             return
         view = self._view()
         if ldr not in view:

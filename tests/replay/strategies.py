@@ -82,6 +82,18 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
     return manifest, table
 
 
+#: Kafka faults that the v1.1 rules turn on (SPEC §3.7): isolations that heal before or after their fencing
+#: deadline (9 s KRaft, 18 s ZooKeeper) while other replicas fail, and long refusals (backoff cap), so few
+#: events spread over a longer trace.
+KAFKA_FAULT_KINDS = ("produce",) * 5 + ("replicate",) * 5 + (
+    "isolate", "isolate", "isolate", "heal", "heal", "crash", "disk_loss", "shutdown", "restart", "restart")
+
+
+def kafka_traces():
+    return st.one_of(traces(), traces(max_brokers=4, max_events=45, duration_ms=60_000, kinds=KAFKA_FAULT_KINDS,
+                                      tails_ms=(0, 7, 30_000)))
+
+
 @st.composite
 def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
     rf = draw(st.integers(1, n_brokers))
@@ -89,7 +101,7 @@ def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
         "partitions": draw(st.integers(1, 3)),
         "replication_factor": rf,
         "acks": draw(st.sampled_from(["0", "1", "all", "all"])),
-        "min_insync_replicas": draw(st.integers(1, 3)),
+        "min_insync_replicas": draw(st.integers(1, 4)),  # above the replication factor too (SPEC §3.7 K-1)
         "unclean_leader_election": draw(st.booleans()),
         "eligible_leader_replicas": draw(st.booleans()),
         "strict_min_isr": draw(st.booleans()),
@@ -98,6 +110,8 @@ def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
         "request_timeout_ms": draw(st.sampled_from([1000, 3000, 30000])),
         "delivery_timeout_ms": draw(st.sampled_from([2000, 8000, 20000, 120000])),
         "retry_backoff_ms": draw(st.sampled_from([100, 700, 2000])),
+        # 100 against 100 is v1's constant backoff; 5000 is reached after several refusals (SPEC §3.7 K-2)
+        "retry_backoff_max_ms": draw(st.sampled_from([100, 1000, 5000])),
         "metadata_max_age_ms": draw(st.sampled_from([3000, 12000, 300000])),
         "client_failover_ms": draw(st.sampled_from([0, 100, 1500])),
         "assignment": draw(st.sampled_from(["seed", "kafka"])),

@@ -14,7 +14,7 @@ from replay.local import replay_local
 from replay.results import StateRow, coalesce_states
 from schemas.outcomes import NULL_US, Error, Fate, Status
 
-from .strategies import event_table, kafka_policies, traces
+from .strategies import event_table, kafka_policies, kafka_traces, traces
 
 WINDOW_US = 1_000_000
 # CI draws the same cases every run (derandomize): a red CI is a regression, never a lucky draw; `make
@@ -42,7 +42,7 @@ def assert_same(ref_results, kernel_results, context) -> None:
 
 @st.composite
 def cases(draw):
-    manifest, table = draw(traces())
+    manifest, table = draw(kafka_traces())
     policy = draw(kafka_policies(len(manifest.brokers)))
     return manifest, table, policy
 
@@ -103,6 +103,33 @@ def test_strategy_produces_faults_and_traffic():
     assert np.int64  # keep numpy import used for readers extending this file
 
 
+def test_strategy_exercises_the_v1_1_rules():
+    """The cases reach SPEC §3.7's Kafka rules: min ISR above the replication factor (K-1), an exponential backoff
+    below its cap (K-2), isolations healed before and after the 9 s KRaft fencing (K-3), ELR (K-4)."""
+    seen = set()
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(cases())
+    def collect(case):
+        _manifest, table, policy = case
+        if policy.min_insync_replicas > policy.replication_factor:
+            seen.add("min_isr_above_rf")
+        if policy.retry_backoff_max_ms > policy.retry_backoff_ms:
+            seen.add("backoff_grows")
+        if policy.eligible_leader_replicas:
+            seen.add("elr")
+        isolated_at = {}
+        for ts, kind, broker in zip(*(table.column(c).to_pylist() for c in ("ts_us", "kind", "broker")), strict=True):
+            if kind == "isolate":
+                isolated_at[broker] = ts
+            elif kind == "heal":
+                long = ts - isolated_at.pop(broker) > 9_000_000
+                seen.add("heal_after_fencing" if long else "heal_before_fencing")
+
+    collect()
+    assert {"min_isr_above_rf", "backoff_grows", "elr", "heal_after_fencing", "heal_before_fencing"} <= seen, seen
+
+
 # --------------------------------------------------------------------------------- pinned regressions
 # Cases the slow suite found, minimized, with every outcome and the timeline derived by hand from SPEC §3.2 (not
 # copied from either engine). Events are (ts_us, kind, broker | msg_id[, upto_us]); brokers 0 and 1, replicas
@@ -111,8 +138,11 @@ ACKED, FAILED = int(Status.ACKED), int(Status.FAILED)
 NONE, REQUEST_TIMEOUT = int(Error.NONE), int(Error.REQUEST_TIMEOUT)
 COMMITTED, LOST = int(Fate.COMMITTED), int(Fate.LOST)
 N = NULL_US
+# retry_backoff_max_ms = retry_backoff_ms keeps the constant 700 ms backoff these cases were derived with (SPEC §3.7
+# K-2 with the cap at the base).
 _RETRY_POLICY = ("kafka:partitions=1,client_failover_ms=0,delivery_timeout_ms=2000,replication_factor=2,"
-                 "min_insync_replicas=2,replica_lag_time_max_ms=2000,request_timeout_ms=1000,retry_backoff_ms=700")
+                 "min_insync_replicas=2,replica_lag_time_max_ms=2000,request_timeout_ms=1000,retry_backoff_ms=700,"
+                 "retry_backoff_max_ms=700")
 PINNED = [
     # A NotEnoughReplicas retry refused again while the ISR is short must stay on its retry grid (rule 3) when
     # the ISR re-expands (rule 7) inside the same steady segment. (The kernel used to drop it: m2 failed
