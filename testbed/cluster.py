@@ -62,6 +62,10 @@ class BrokerSettings:
     replica_lag_time_max_ms: int
     session_timeout_ms: int
     eligible_leader_replicas: bool
+    #: Followers fetch at this cadence (replica.fetch.wait.max.ms with a large replica.fetch.min.bytes): the
+    #: scenario's fetch_interval_ms, so that a follower's lag is the scenario's, not whatever a idle
+    #: loopback network gives (sub-millisecond, far below what the 50 ms sampler can see).
+    fetch_wait_ms: int = 500
 
 
 @dataclass
@@ -144,6 +148,8 @@ class KafkaCluster:
                 "advertised.listeners": f"PLAINTEXT://{addr}:{BROKER_PORT}",
                 "inter.broker.listener.name": "PLAINTEXT",
                 "replica.lag.time.max.ms": self.settings.replica_lag_time_max_ms,
+                "replica.fetch.wait.max.ms": self.settings.fetch_wait_ms,
+                "replica.fetch.min.bytes": 64 * 1024 * 1024,
                 # replab elects only on failure (SPEC §3.2 rule 8): no preferred-leader rebalancing.
                 "auto.leader.rebalance.enable": "false",
                 "auto.create.topics.enable": "false",

@@ -1,0 +1,178 @@
+"""`replab testbed run` and `replab testbed report` (SPEC §12).
+
+run: record a real Kafka cluster through the scenario (`testbed.record`), write DIR/trace/, replay it with replab
+under every policy (the ordinary replay path: trace gate, kernels, output gate, Delta tables), compare
+(`testbed.compare`), write DIR/comparison.json, the Delta tables `testbed_outcomes` and `testbed_comparisons`,
+and one MLflow run per (scenario, policy) tagged source=testbed.
+report: the agreement table from `testbed_comparisons`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.compare import COMPARED, Case
+
+EXPERIMENT = "testbed"
+
+
+@dataclass
+class TestbedResult:
+    out: Path
+    trace: Path
+    cases: list[Case]
+    recording: Any
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+
+def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str], out: str | Path, *,
+                lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
+                local: bool = False, progress=print) -> TestbedResult:
+    """The whole `replab testbed run`. `local`: predict with the kernels through `replay/local.py` and write
+    no table nor MLflow run (no Spark at all: the fast test, and a laptop without Spark's start-up)."""
+    from testbed.record import run_cluster, schedule_from_scenario, write_trace
+
+    t_start = time.monotonic()
+    out = Path(out)
+    schedule = schedule_from_scenario(scenario)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid() % 100000:05d}"
+    rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+    trace = out / "trace"
+    shutil.rmtree(trace, ignore_errors=True)
+    manifest = write_trace(rec, trace)
+    for node in (out / "cluster").glob("*/data"):  # the logs stay for a post-mortem, the data does not
+        shutil.rmtree(node, ignore_errors=True)
+    t_recorded = time.monotonic()
+
+    if local:
+        cases = compare_local(rec, manifest, trace, policies, labels)
+    else:
+        cases = compare_run(spark_factory(), rec, manifest, trace, policies, labels, lakehouse=lakehouse,
+                            tracking_uri=tracking_uri, mlflow=mlflow, progress=progress)
+    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
+            "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
+            "total_s": time.monotonic() - t_start}
+    return TestbedResult(out, trace, cases, rec, wall)
+
+
+def _case(rec, i: int, run_id: str, canonical: str, label: str, pred_rows, pred_summary, obs_rows, obs_summary):
+    from testbed import compare
+
+    case = Case(rec.schedule.scenario, label, canonical, run_id, pred_summary, obs_summary,
+                compare.agreement(pred_rows, obs_rows),
+                {"predicted": compare.failover_ms(rec, i, pred_rows),
+                 "observed": compare.failover_ms(rec, i, obs_rows)})
+    case._observed_rows = obs_rows  # type: ignore[attr-defined]
+    case._predicted_rows = pred_rows  # type: ignore[attr-defined]
+    return case
+
+
+def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str]) -> list[Case]:
+    from pipelines import __version__
+    from pipelines.trace_loader import read_events_arrow
+    from replay.policies import run_id
+    from testbed import compare
+
+    _, table = read_events_arrow(trace)
+    cases = []
+    for i, policy in enumerate(policies):
+        rid = run_id(manifest.trace_id, policy, __version__)
+        pred, pred_un = compare.predict_local(policy, manifest, table)
+        obs = compare.observed_outcomes(rec, i, rid, manifest.duration_us)
+        obs_un = compare.observed_unavailability(obs, manifest.duration_us)
+        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred,
+                           compare.summary_local(pred, pred_un, manifest.duration_us), obs,
+                           compare.summary_local(obs, obs_un, manifest.duration_us)))
+    return cases
+
+
+def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[str], *, lakehouse,
+                tracking_uri: str | None, mlflow: bool, progress=print) -> list[Case]:
+    from pyspark.sql import functions as F
+
+    from pipelines.lakehouse import Lakehouse
+    from pipelines.metrics import RunInfo
+    from pipelines.replay_job import ReplayRequest, run_replay
+    from testbed import compare
+
+    progress(f"replaying the recorded trace under {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}")
+    report = run_replay(spark, ReplayRequest(trace=str(trace), policies=policies, lakehouse=str(lakehouse),
+                                             mlflow=False))
+    lake = Lakehouse(lakehouse, spark)
+    ids = [r.run_id for r in report.runs]
+    predicted_all = (lake.read("message_outcomes").where(F.col("run_id").isin(ids))
+                     .select("run_id", "msg_id", "partition", "produce_us", "status", "error", "ack_us", "fate")
+                     .toPandas())
+    cases = []
+    for i, (run, summary) in enumerate(zip(report.runs, report.summaries)):
+        predicted = predicted_all[predicted_all["run_id"] == run.run_id].drop(columns="run_id")
+        observed = compare.observed_outcomes(rec, i, run.run_id, manifest.duration_us)
+        unavailable = compare.observed_unavailability(observed, manifest.duration_us)
+        info = RunInfo(run.run_id, manifest.duration_us, run.partitions, run.min_insync_replicas,
+                       run.layout.brokers_used, run.layout.replicas_per_message, None)
+        pred = {k: summary.get(k) for k in summary if k != "run_id"}
+        cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
+                           compare.summarize(spark, observed, unavailable, info)))
+    from testbed.publish import log_mlflow, write_tables
+
+    if mlflow:
+        progress("MLflow: one run per (scenario, policy), tagged source=testbed")
+        log_mlflow(cases, rec, manifest, policies, tracking_uri)
+    progress("Delta: testbed_outcomes, testbed_comparisons")
+    write_tables(spark, lake, cases, manifest)
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return f"{v:,}"
+
+
+def print_cases(cases: list[Case], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="testbed: predicted / observed", title_justify="left")
+    for col in ("scenario", "policy", *COMPARED, "failover ms", "status agree", "fate agree"):
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
+    for c in cases:
+        cells = [f"{_fmt(c.predicted.get(k))} / {_fmt(c.observed.get(k))}" for k in COMPARED]
+        fo = f"{_fmt(c.failover_ms.get('predicted'))} / {_fmt(c.failover_ms.get('observed'))}"
+        table.add_row(c.scenario, c.policy, *cells, fo, f"{c.agreement['status']:.1%}",
+                      f"{c.agreement['fate']:.1%}")
+    console.print(table)
+
+
+def cli(args: argparse.Namespace) -> int:
+    from pipelines.terminal import console as terminal
+
+    console = terminal()
+    if args.testbed_command == "report":
+        from testbed.publish import print_report
+
+        return print_report(args.lakehouse, console)
+
+    def spark_factory():
+        from pipelines.session import get_spark
+
+        return get_spark("replab-testbed")
+
+    result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
+                         lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
+                         local=args.local, progress=lambda t: console.log(t))
+    print_cases(result.cases, console)
+    console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
+                  f"wall: {result.wall_s['total_s']:.0f} s")
+    return 0

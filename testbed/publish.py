@@ -1,0 +1,161 @@
+"""Where a testbed run lands (SPEC §12): the Delta tables `testbed_outcomes` and `testbed_comparisons`
+(through the lakehouse writer: one run's rows replaced atomically), and one MLflow run per (scenario, policy)
+tagged `source=testbed` with the predicted and observed figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from testbed.compare import COMPARED, Case, now_utc
+
+TAG_SOURCE = "source"
+SOURCE = "testbed"
+EXPERIMENT = "testbed"
+
+
+def _none(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and v != v) else v
+
+
+def write_tables(spark, lake, cases: list[Case], manifest) -> None:
+    from schemas.tables import TABLES
+
+    ids = [c.run_id for c in cases]
+    rows = []
+    for c in cases:
+        obs: pd.DataFrame = c._observed_rows  # type: ignore[attr-defined]
+        pred: pd.DataFrame = c._predicted_rows  # type: ignore[attr-defined]
+        both = obs.merge(pred[["msg_id", "status", "error", "ack_us", "fate"]], on="msg_id", how="left",
+                         suffixes=("", "_p"))
+        for r in both.itertuples(index=False):
+            rows.append((c.run_id, c.scenario, c.policy, int(r.msg_id), int(r.partition), int(r.produce_us),
+                         r.status, _none(r.error), _none(r.ack_us), r.fate, _none(r.offset), _none(r.status_p),
+                         _none(r.error_p), _none(r.ack_us_p), _none(r.fate_p)))
+    schema = TABLES["testbed_outcomes"].spark_schema()
+    clean = [tuple(None if pd.isna(v) else (int(v) if isinstance(v, float) and f.dataType.simpleString() in
+                                            ("bigint", "int") else v) for v, f in zip(row, schema.fields))
+             for row in rows]
+    lake.replace_run("testbed_outcomes", ids, spark.createDataFrame(clean, schema=schema))
+
+    at = now_utc().replace(tzinfo=None)
+    comp = []
+    for c in cases:
+        row: dict[str, Any] = {"run_id": c.run_id, "scenario": c.scenario, "policy": c.policy,
+                               "trace_id": manifest.trace_id}
+        for k in COMPARED:
+            row[f"predicted_{k}"] = _none(c.predicted.get(k))
+            row[f"observed_{k}"] = _none(c.observed.get(k))
+        row["predicted_failover_ms"] = c.failover_ms.get("predicted")
+        row["observed_failover_ms"] = c.failover_ms.get("observed")
+        row.update(status_agreement=c.agreement["status"], fate_agreement=c.agreement["fate"],
+                   loss_agrees=c.loss_agrees, mlflow_run_id=c.mlflow_run_id, recorded_at=at)
+        comp.append(row)
+    cschema = TABLES["testbed_comparisons"].spark_schema()
+    data = [tuple(_cast(r[f.name], f.dataType.simpleString()) for f in cschema.fields) for r in comp]
+    lake.replace_run("testbed_comparisons", ids, spark.createDataFrame(data, schema=cschema))
+
+
+def _cast(v: Any, typ: str) -> Any:
+    if v is None:
+        return None
+    if typ in ("bigint", "int"):
+        return int(v)
+    if typ == "double":
+        return float(v)
+    return v
+
+
+def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | None) -> None:
+    from pipelines.tracking import _metric, client_for, ensure_experiment, git_sha, log_in_chunks, run_params
+
+    client = client_for(tracking_uri)
+    exp = ensure_experiment(client, EXPERIMENT)
+    for c, policy in zip(cases, policies):
+        run = client.create_run(exp, run_name=f"{c.scenario} · {c.policy}",
+                                tags={TAG_SOURCE: SOURCE, "family": policy.family, "scenario": c.scenario,
+                                      "replab.run_id": c.run_id, "git_sha": git_sha()})
+        mid = run.info.run_id
+        try:
+            ts = int(now_utc().timestamp() * 1000)
+            metrics = []
+            for side, figures in (("predicted", c.predicted), ("observed", c.observed)):
+                for k, v in figures.items():
+                    if _none(v) is not None:
+                        metrics.append(_metric(f"{side}.{k}", float(v), ts))
+            for side, v in c.failover_ms.items():
+                if v is not None:
+                    metrics.append(_metric(f"{side}.failover_ms", float(v), ts))
+            metrics += [_metric("agreement.status", c.agreement["status"], ts),
+                        _metric("agreement.fate", c.agreement["fate"], ts),
+                        _metric("agreement.loss_zero_vs_nonzero", 1.0 if c.loss_agrees else 0.0, ts)]
+            log_in_chunks(client, mid, metrics=metrics, params=run_params(policy, manifest))
+        except BaseException:
+            client.set_terminated(mid, status="FAILED")
+            raise
+        client.set_terminated(mid, status="FINISHED")
+        c.mlflow_run_id = mid
+
+
+def agreement_rows(lakehouse) -> list[dict[str, Any]]:
+    """The latest comparison of every (scenario, policy) in the lakehouse, in scenario then policy order."""
+    from pipelines.lakehouse import Lakehouse
+    from pipelines.session import get_spark
+
+    lake = Lakehouse(lakehouse, get_spark("replab-testbed-report"), create=False)
+    if lake.version("testbed_comparisons") is None:
+        return []
+    rows = [r.asDict() for r in lake.read("testbed_comparisons").collect()]
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r["recorded_at"]):
+        latest[(r["scenario"], r["policy"])] = r
+    return [latest[k] for k in sorted(latest)]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    def f(v: Any, fmt: str = "{:,.0f}") -> str:
+        return "–" if v is None else fmt.format(v)
+
+    head = ("| scenario | policy | acked (pred / obs) | acked lost (pred / obs) | failed (pred / obs) | "
+            "unavailable partition-s (pred / obs) | ack p99 ms (pred / obs) | failover ms (pred / obs) | "
+            "status agree | fate agree | 0 vs >0 loss |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    body = ""
+    for r in rows:
+        body += (f"| {r['scenario']} | `{r['policy']}` | {f(r['predicted_acked'])} / {f(r['observed_acked'])} | "
+                 f"{f(r['predicted_acked_lost'])} / {f(r['observed_acked_lost'])} | "
+                 f"{f(r['predicted_failed'])} / {f(r['observed_failed'])} | "
+                 f"{f(r['predicted_unavailable_partition_seconds'], '{:,.1f}')} / "
+                 f"{f(r['observed_unavailable_partition_seconds'], '{:,.1f}')} | "
+                 f"{f(r['predicted_ack_latency_p99_ms'])} / {f(r['observed_ack_latency_p99_ms'])} | "
+                 f"{f(r['predicted_failover_ms'])} / {f(r['observed_failover_ms'])} | "
+                 f"{r['status_agreement']:.1%} | {r['fate_agreement']:.1%} | "
+                 f"{'agrees' if r['loss_agrees'] else '**differs**'} |\n")
+    return head + body
+
+
+def print_report(lakehouse, console) -> int:
+    from rich.table import Table
+
+    from schemas.errors import BadInput
+
+    rows = agreement_rows(lakehouse)
+    if not rows:
+        raise BadInput(f"{lakehouse}: no testbed_comparisons rows yet (run `replab testbed run` first)",
+                       rule="testbed-report")
+    table = Table(title="testbed: predicted / observed", title_justify="left")
+    cols = ("scenario", "policy", "acked", "acked lost", "failed", "unavail. part-s", "ack p99 ms", "failover ms",
+            "status", "fate", "0 vs >0 loss")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
+    for r in rows:
+        def pair(k: str, fmt: str = "{:,.0f}", r: dict[str, Any] = r) -> str:
+            p, o = r[f"predicted_{k}"], r[f"observed_{k}"]
+            return f"{'–' if p is None else fmt.format(p)} / {'–' if o is None else fmt.format(o)}"
+
+        table.add_row(r["scenario"], r["policy"], pair("acked"), pair("acked_lost"), pair("failed"),
+                      pair("unavailable_partition_seconds", "{:,.1f}"), pair("ack_latency_p99_ms"),
+                      pair("failover_ms"), f"{r['status_agreement']:.1%}", f"{r['fate_agreement']:.1%}",
+                      "agrees" if r["loss_agrees"] else "differs")
+    console.print(table)
+    return 0
