@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
     t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
     t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
-    t.add_argument("--local", action="store_true",
-                   help="predict without Spark (the kernels via replay/local.py): comparison.json only, no tables")
+    t.add_argument("--spark-replay", action="store_true",
+                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
+    t.add_argument("--no-tables", action="store_true",
+                   help="no Delta tables nor MLflow runs: DIR/trace/ and DIR/comparison.json only (no Spark)")
     t = tsub.add_parser("report", help="the agreement table from testbed_comparisons",
                         description="the agreement table from testbed_comparisons")
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")

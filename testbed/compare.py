@@ -29,7 +29,8 @@ from testbed.record import Recording, topic_of
 #: SPEC §12's figures, in the order comparison.json and the tables give them.
 COMPARED = ("produced", "acked", "failed", "pending", "acked_lost", "failed_committed",
             "unavailable_partition_seconds", "ack_latency_p50_ms", "ack_latency_p99_ms")
-UNAVAILABLE_AFTER_MS = 1000
+#: Longer than the worst normal acks=all latency seen here (a 300 ms fetch cadence on a shared 2-core machine).
+UNAVAILABLE_AFTER_MS = 2000
 _ERRORS = {
     "_MSG_TIMED_OUT": "delivery_timeout", "REQUEST_TIMED_OUT": "request_timeout", "_TIMED_OUT": "request_timeout",
     "NOT_ENOUGH_REPLICAS": "not_enough_replicas", "NOT_ENOUGH_REPLICAS_AFTER_APPEND": "not_enough_replicas",

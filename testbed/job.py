@@ -34,9 +34,14 @@ class TestbedResult:
 
 def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str], out: str | Path, *,
                 lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
-                local: bool = False, progress=print) -> TestbedResult:
-    """The whole `replab testbed run`. `local`: predict with the kernels through `replay/local.py` and write
-    no table nor MLflow run (no Spark at all: the fast test, and a laptop without Spark's start-up)."""
+                spark_replay: bool = False, publish: bool = True, progress=print) -> TestbedResult:
+    """The whole `replab testbed run`.
+
+    The prediction runs the replay kernels through `replay/local.py` (seconds), or with `spark_replay` the whole
+    `replab replay` path (trace gate, Spark, output gate, the replay's own Delta tables; minutes on a busy
+    2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
+    tracking code); without it no Spark starts at all (the fast test).
+    """
     from testbed.record import run_cluster, schedule_from_scenario, write_trace
 
     t_start = time.monotonic()
@@ -52,12 +57,27 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         shutil.rmtree(node, ignore_errors=True)
     t_recorded = time.monotonic()
 
-    if local:
-        cases = compare_local(rec, manifest, trace, policies, labels)
-    else:
+    if spark_replay:
         cases = compare_run(spark_factory(), rec, manifest, trace, policies, labels, lakehouse=lakehouse,
-                            tracking_uri=tracking_uri, mlflow=mlflow, progress=progress)
+                            progress=progress)
+    else:
+        cases = compare_local(rec, manifest, trace, policies, labels)
+    if publish or spark_replay:
+        from pipelines.lakehouse import Lakehouse
+        from testbed.publish import log_mlflow, write_tables
+
+        if mlflow:
+            progress("MLflow: one run per (scenario, policy), tagged source=testbed")
+            log_mlflow(cases, rec, manifest, policies, tracking_uri)
+        progress("Delta: testbed_outcomes, testbed_comparisons")
+        spark = spark_factory()
+        write_tables(spark, Lakehouse(lakehouse, spark), cases, manifest)
     (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
+    (out / "outcomes").mkdir(exist_ok=True)
+    for i, c in enumerate(cases):
+        c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
+        c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
     wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
@@ -96,7 +116,7 @@ def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str])
 
 
 def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[str], *, lakehouse,
-                tracking_uri: str | None, mlflow: bool, progress=print) -> list[Case]:
+                progress=print) -> list[Case]:
     from pyspark.sql import functions as F
 
     from pipelines.lakehouse import Lakehouse
@@ -122,13 +142,6 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
         pred = {k: summary.get(k) for k in summary if k != "run_id"}
         cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
                            compare.summarize(spark, observed, unavailable, info)))
-    from testbed.publish import log_mlflow, write_tables
-
-    if mlflow:
-        progress("MLflow: one run per (scenario, policy), tagged source=testbed")
-        log_mlflow(cases, rec, manifest, policies, tracking_uri)
-    progress("Delta: testbed_outcomes, testbed_comparisons")
-    write_tables(spark, lake, cases, manifest)
     return cases
 
 
@@ -171,7 +184,7 @@ def cli(args: argparse.Namespace) -> int:
 
     result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
                          lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
-                         local=args.local, progress=lambda t: console.log(t))
+                         spark_replay=args.spark_replay, publish=not args.no_tables, progress=lambda t: console.log(t))
     print_cases(result.cases, console)
     console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
                   f"wall: {result.wall_s['total_s']:.0f} s")

@@ -86,7 +86,7 @@ def schedule_from_scenario(spec: str, seed: int = 0) -> Schedule:
                            f"filesystem that drops unsynced writes (out of scope, SPEC §12)",
                            file=f"scenario {scenario.name}", rule="testbed-fault")
     fetch_ms = max(1, round(scenario.replication.default.fetch_interval_ms))
-    return Schedule(scenario.name, f"testbed-{scenario.name}-s{seed}", tuple(scenario.brokers), plan.duration_us,
+    return Schedule(scenario.name, f"{scenario.name}-recorded-s{seed}", tuple(scenario.brokers), plan.duration_us,
                     produce, faults, fetch_ms, {"scenario": scenario.name, "seed": seed, "testbed": True})
 
 

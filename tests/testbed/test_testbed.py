@@ -1,7 +1,7 @@
 """The testbed against a real Kafka cluster (SPEC §12): 3 brokers, one leader crash, acks=1 and acks=all.
 
 Real parts only: Kafka 4.1 in KRaft mode from Maven Central (cached under .cache/kafka), network namespaces,
-confluent-kafka. The prediction runs the kernels without Spark (`--local`), so that the run fits the fast suite.
+confluent-kafka. The prediction runs the kernels without Spark (`--no-tables`), so that the run fits the fast suite.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def leader_crash(tmp_path_factory):
         pytest.fail(f"the testbed cannot run here: {reason}")
     out = tmp_path_factory.mktemp("testbed")
     result = run_testbed(None, "testbed-leader-crash", [parse_policy(p) for p in POLICIES], POLICIES, out,
-                         local=True, progress=lambda _t: None)
+                         publish=False, progress=lambda _t: None)
     return result
 
 
