@@ -71,7 +71,8 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
             log_mlflow(cases, rec, manifest, policies, tracking_uri)
         progress("Delta: testbed_outcomes, testbed_comparisons")
         spark = spark_factory()
-        write_tables(spark, Lakehouse(lakehouse, spark), cases, manifest)
+        # create=False: only the two testbed tables are made (on their first write), not the whole lakehouse.
+        write_tables(spark, Lakehouse(lakehouse, spark, create=False), cases, manifest)
     (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)

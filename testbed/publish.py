@@ -23,21 +23,28 @@ def write_tables(spark, lake, cases: list[Case], manifest) -> None:
     from schemas.tables import TABLES
 
     ids = [c.run_id for c in cases]
-    rows = []
+    frames = []
     for c in cases:
         obs: pd.DataFrame = c._observed_rows  # type: ignore[attr-defined]
         pred: pd.DataFrame = c._predicted_rows  # type: ignore[attr-defined]
         both = obs.merge(pred[["msg_id", "status", "error", "ack_us", "fate"]], on="msg_id", how="left",
                          suffixes=("", "_p"))
-        for r in both.itertuples(index=False):
-            rows.append((c.run_id, c.scenario, c.policy, int(r.msg_id), int(r.partition), int(r.produce_us),
-                         r.status, _none(r.error), _none(r.ack_us), r.fate, _none(r.offset), _none(r.status_p),
-                         _none(r.error_p), _none(r.ack_us_p), _none(r.fate_p)))
-    schema = TABLES["testbed_outcomes"].spark_schema()
-    clean = [tuple(None if pd.isna(v) else (int(v) if isinstance(v, float) and f.dataType.simpleString() in
-                                            ("bigint", "int") else v) for v, f in zip(row, schema.fields))
-             for row in rows]
-    lake.replace_run("testbed_outcomes", ids, spark.createDataFrame(clean, schema=schema))
+        frames.append(pd.DataFrame({
+            "run_id": c.run_id, "scenario": c.scenario, "policy": c.policy, "msg_id": both["msg_id"],
+            "partition": both["partition"], "produce_us": both["produce_us"], "observed_status": both["status"],
+            "observed_error": both["error"], "observed_ack_us": both["ack_us"], "observed_fate": both["fate"],
+            "observed_offset": both["offset"], "predicted_status": both["status_p"],
+            "predicted_error": both["error_p"], "predicted_ack_us": both["ack_us_p"],
+            "predicted_fate": both["fate_p"]}))
+    spec = TABLES["testbed_outcomes"]
+    data = pd.concat(frames, ignore_index=True)
+    # Nullable integers stay integers through Arrow (NaN would make them doubles).
+    for name, typ, _ in spec.fields:
+        if typ in ("BIGINT", "INT"):
+            data[name] = data[name].astype("Int64" if typ == "BIGINT" else "Int32")
+        elif typ == "STRING":
+            data[name] = data[name].astype(object).where(data[name].notna(), None)
+    lake.replace_run("testbed_outcomes", ids, spark.createDataFrame(data, schema=spec.spark_schema()))
 
     at = now_utc().replace(tzinfo=None)
     comp = []

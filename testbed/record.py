@@ -191,12 +191,12 @@ class Sampler(threading.Thread):
         while not self.stop_event.is_set():
             start = time.monotonic()
             if self.state.get(self.broker) != "down":
-                sample = self._read(self.broker)
+                sample = self.read(self.broker)
                 if sample is not None:
                     self.rec.samples.append(sample)  # list.append is atomic under the GIL
             self.stop_event.wait(max(0.0, SAMPLE_MS / 1000 - (time.monotonic() - start)))
 
-    def _read(self, broker: int) -> Sample | None:
+    def read(self, broker: int) -> Sample | None:
         req = urllib.request.Request(self.cluster.jolokia_url(broker), data=self.REQUEST,
                                      headers={"Content-Type": "application/json"})
         try:
@@ -260,12 +260,19 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     for pr in producers:  # connect and fetch metadata before the clock starts
         pr.list_topics(timeout=10)
 
+    callback_errors: list[str] = []
+
     def on_delivery(i: int, msg_id: int, err, m) -> None:
-        now = _now_us() - rec.t0_us
-        tstype, tsval = m.timestamp()
-        rec.deliveries[i][msg_id] = Delivery(now, None if err is None else err.name(),
-                                             m.offset() if err is None and m.offset() >= 0 else None,
-                                             tsval if err is None and tstype != 0 else None)
+        # Never raise into librdkafka's poll (it turns a Python exception into a SystemError there).
+        try:
+            now = _now_us() - rec.t0_us
+            tstype, tsval = m.timestamp()
+            offset = m.offset() if err is None else None
+            rec.deliveries[i][msg_id] = Delivery(now, None if err is None else str(err.name()),
+                                                 offset if offset is not None and offset >= 0 else None,
+                                                 tsval if err is None and tstype != 0 else None)
+        except BaseException as exc:  # recorded, reported after the run
+            callback_errors.append(f"message {msg_id}: {type(exc).__name__}: {exc}")
 
     state = {b: "up" for b in cluster.brokers}
     stop = threading.Event()
@@ -281,6 +288,13 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             while fi < len(schedule.faults) and schedule.faults[fi][0] <= due:
                 f_ts, kind, broker = schedule.faults[fi]
                 _wait_until(rec.t0_us + f_ts, producers)
+                if kind in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE):
+                    # Every follower's position right before the fault: what it fetched between the last
+                    # periodic sample and the fault decides what an acks=1 leader loses (SPEC §3.2 rule 9).
+                    for b in cluster.brokers:
+                        sample = samplers[0].read(b) if state.get(b) != "down" else None
+                        if sample is not None:
+                            rec.samples.append(sample)
                 _inject(cluster, kind, broker, state)
                 rec.faults.append((_now_us() - rec.t0_us, kind, broker))
                 progress(f"{kind.label} broker {broker} at {f_ts / 1e6:.1f} s")
@@ -306,6 +320,8 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
         for sampler in samplers:
             sampler.join(timeout=5)
     rec.wall_s["trace"] = time.monotonic() - start
+    if callback_errors:
+        raise RuntimeError(f"{len(callback_errors)} delivery reports could not be read, first: {callback_errors[0]}")
     # SPEC §4.1 judges at duration_us: nothing more is sent; what was queued but never sent is absent.
     for pr in producers:
         pr.purge(in_queue=True, in_flight=False)
