@@ -62,6 +62,12 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
                             progress=progress)
     else:
         cases = compare_local(rec, manifest, trace, policies, labels)
+    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
+    (out / "outcomes").mkdir(exist_ok=True)
+    for i, c in enumerate(cases):
+        c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
+        c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
     if publish or spark_replay:
         from pipelines.lakehouse import Lakehouse
         from testbed.publish import log_mlflow, write_tables
@@ -73,12 +79,6 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         spark = spark_factory()
         # create=False: only the two testbed tables are made (on their first write), not the whole lakehouse.
         write_tables(spark, Lakehouse(lakehouse, spark, create=False), cases, manifest)
-    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
-    # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
-    (out / "outcomes").mkdir(exist_ok=True)
-    for i, c in enumerate(cases):
-        c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
-        c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
     wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
