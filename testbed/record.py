@@ -23,6 +23,7 @@ two sides disagree for reasons that have nothing to do with replication.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import json
@@ -249,7 +250,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             raise RuntimeError(f"creating topic {topic}: {exc}") from exc
     _wait_leaders(admin, policies, timeout_s=60)
 
-    producers = [Producer(producer_config(p, cluster.bootstrap)) for p in policies]
+    producers = [ResilientProducer(Producer, producer_config(p, cluster.bootstrap)) for p in policies]
     parts = [_partitions(p, schedule.produce) for p in policies]
     ts = schedule.produce["ts_us"].to_numpy()
     msg = schedule.produce["msg_id"].to_numpy()
@@ -306,13 +307,8 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             rec.sent_us[mid] = _now_us() - rec.t0_us
             value = _payload(mid, int(size[j]))
             for i, pr in enumerate(producers):
-                try:
-                    pr.produce(topic_of(i), value=value, key=keys[j], partition=int(parts[i][j]),
-                               on_delivery=functools.partial(on_delivery, i, mid))
-                except BufferError:
-                    pr.poll(0.01)
-                    pr.produce(topic_of(i), value=value, key=keys[j], partition=int(parts[i][j]),
-                               on_delivery=functools.partial(on_delivery, i, mid))
+                pr.produce(topic_of(i), value=value, key=keys[j], partition=int(parts[i][j]),
+                           on_delivery=functools.partial(on_delivery, i, mid))
                 pr.poll(0)
         _wait_until(rec.t0_us + schedule.duration_us, producers)
     finally:
@@ -343,6 +339,69 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
 def _payload(msg_id: int, size: int) -> bytes:
     head = f"{msg_id}:".encode()
     return head + b"x" * max(0, size - len(head))
+
+
+class ResilientProducer:
+    """A confluent-kafka producer that an application would recreate after a fatal error.
+
+    An idempotent producer whose acknowledged writes were truncated (unclean election) gets a fatal
+    OUT_OF_ORDER_SEQUENCE_NUMBER and refuses every later call: its queued messages fail (their delivery
+    reports carry the error) and a new producer with the same settings takes the following sends.
+    """
+
+    def __init__(self, factory, config: dict[str, Any]) -> None:
+        self.factory, self.config = factory, config
+        self.producer = factory(config)
+        self.fatal: list[str] = []
+        self.retired: list[Any] = []  # polled at the end, for the delivery reports of what they held
+
+    def _renew(self, exc: Exception) -> None:
+        from confluent_kafka import KafkaException
+
+        err = exc.args[0] if exc.args else None
+        if not (isinstance(exc, KafkaException) and err is not None and err.fatal()):
+            raise exc
+        self.fatal.append(err.name())
+        old = self.producer
+        with contextlib.suppress(Exception):
+            old.purge(in_queue=True, in_flight=True)
+            old.poll(0)
+        self.retired.append(old)
+        self.producer = self.factory(self.config)
+
+    def produce(self, *args, **kwargs) -> None:
+        from confluent_kafka import KafkaException
+
+        for _ in range(3):
+            try:
+                self.producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                self.poll(0.01)
+            except KafkaException as exc:
+                self._renew(exc)
+
+    def poll(self, timeout: float = 0) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.poll(timeout)
+        except KafkaException as exc:
+            self._renew(exc)
+
+    def list_topics(self, timeout: float):
+        return self.producer.list_topics(timeout=timeout)
+
+    def purge(self, **kwargs) -> None:
+        with contextlib.suppress(Exception):
+            self.producer.purge(**kwargs)
+
+    def flush(self, timeout: float) -> None:
+        from confluent_kafka import KafkaException
+
+        for p in [*self.retired, self.producer]:
+            with contextlib.suppress(KafkaException):
+                p.flush(timeout)
 
 
 def _wait_until(target_us: int, producers) -> None:
