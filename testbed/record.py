@@ -356,10 +356,12 @@ class ResilientProducer:
         self.retired: list[Any] = []  # polled at the end, for the delivery reports of what they held
 
     def _renew(self, exc: Exception) -> None:
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
 
         err = exc.args[0] if exc.args else None
-        if not (isinstance(exc, KafkaException) and err is not None and err.fatal()):
+        # produce() on a producer already in the fatal state raises a plain _FATAL error (fatal() is False).
+        if not (isinstance(exc, KafkaException) and err is not None
+                and (err.fatal() or err.code() == KafkaError._FATAL)):
             raise exc
         self.fatal.append(err.name())
         old = self.producer
