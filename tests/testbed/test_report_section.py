@@ -6,7 +6,7 @@ from replay.policies import parse_policy
 from schemas.trace import Broker, Manifest
 from testbed.compare import Case
 from testbed.publish import log_mlflow, markdown_table
-from testbed.report_section import section, load_cases
+from testbed.report_section import load_cases, section
 
 
 def _case(policy: str, pred_lost: int, obs_lost: int) -> Case:
