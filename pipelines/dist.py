@@ -28,7 +28,7 @@ from pipelines import __version__
 
 REPO = Path(__file__).resolve().parent.parent
 #: The top-level packages (pyproject.toml's [tool.setuptools] packages), in import order of dependency.
-PACKAGES: tuple[str, ...] = ("schemas", "conf", "replay", "generators", "expectations", "pipelines")
+PACKAGES: tuple[str, ...] = ("schemas", "conf", "replay", "generators", "expectations", "testbed", "pipelines")
 #: Data files the packages read at run time (pyproject.toml's package-data).
 DATA_SUFFIXES: tuple[str, ...] = (".yaml", ".json", ".properties")
 #: zip entries need a date; 1980-01-01 (the format's epoch) keeps the archive reproducible.
