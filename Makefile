@@ -36,7 +36,7 @@ test-slow: $(STAMP)
 # SPEC §12: every testbed-* scenario on a real Kafka cluster (root, Java, Maven on the first run), then the
 # README's agreement table. About 4 minutes per scenario on two cores.
 testbed: $(STAMP)
-	$(PY) -m testbed.suite $(TESTBED_ARGS)
+	$(PY) -m pipelines.testbed_job $(TESTBED_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)

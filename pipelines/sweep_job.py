@@ -5,7 +5,7 @@ first_seed … first_seed+N−1 of one scenario:
 
 1. generate the trace (`generators.generate.generate_trace`), or reuse it when `<out>/traces/<trace_id>` already
    holds the same scenario at the same seed and scale (generation is deterministic, SPEC §8);
-2. replay it under every policy in one pass (`pipelines.replay_job.run_replay`; trace gate, output gate and
+2. replay it under every policy in one pass (`engine.replay.run_replay`; trace gate, output gate and
    Delta tables as for any replay, so every seed's runs are in the lakehouse);
 3. per policy, over the N seeds:
    - P(loss): the share of seeds with at least one acknowledged message lost (acked_lost ≥ 1), with a 95 %
@@ -249,7 +249,7 @@ def _reusable(trace_dir: Path, trace_id: str, scenario) -> bool:
 def check_request(request: SweepRequest):
     """Bad input (exit 2) before any Spark work: seeds, policies, the scenario and its scale; the scenario."""
     from generators.generate import build_plan
-    from generators.scenario import resolve_scenario
+    from generators.library import resolve_scenario
     from schemas.errors import BadInput
 
     if request.seeds < 1:
@@ -267,8 +267,9 @@ def run_sweep(spark, request: SweepRequest, *, console=None) -> SweepReport:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
     from generators.generate import generate_trace, trace_id_for
-    from pipelines.replay_job import ReplayRequest, run_replay
 
     scenario = check_request(request)
     seeds = list(range(request.first_seed, request.first_seed + request.seeds))
@@ -298,7 +299,7 @@ def run_sweep(spark, request: SweepRequest, *, console=None) -> SweepReport:
             trace_ids.append(report.trace_id)
             if report.quarantined:
                 quarantined[report.trace_id] = report.quarantined
-            for run, summary in zip(report.runs, report.summaries):
+            for run, summary in zip(report.runs, report.summaries, strict=True):
                 outcomes[run.canonical].append(SeedOutcome(
                     seed, report.trace_id, run.run_id, int(summary["produced"]), int(summary["acked"]),
                     int(summary["acked_lost"]),
@@ -319,7 +320,8 @@ def log_sweep(sweep: SweepReport, request: SweepRequest, *, experiment: str) -> 
     """One experiment for the sweep, one run per policy (an earlier run of the same policy is replaced)."""
     from mlflow.entities import Metric
 
-    from pipelines import __version__, tracking
+    from engine import tracking
+    from schemas.version import __version__
 
     client = tracking.client_for(request.tracking_uri)
     experiment_id = tracking.ensure_experiment(client, experiment)
@@ -364,7 +366,7 @@ def log_sweep(sweep: SweepReport, request: SweepRequest, *, experiment: str) -> 
 def print_sweep(sweep: SweepReport, console=None) -> None:
     from rich.table import Table
 
-    from pipelines.terminal import console as terminal
+    from report.terminal import console as terminal
 
     console = console or terminal()
     table = Table(title=f"{sweep.scenario} (scale {sweep.scale:g}), seeds {sweep.seeds[0]}…{sweep.seeds[-1]}: "
@@ -383,7 +385,7 @@ def print_sweep(sweep: SweepReport, console=None) -> None:
 def cli(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pipelines.session import get_spark
+    from storage.session import get_spark
 
     # Piped output (CI logs, spark-submit) gets a wide console, so that the table's columns stay readable.
     console = Console() if sys.stdout.isatty() else Console(width=160)

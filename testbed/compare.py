@@ -1,6 +1,6 @@
 """Predicted beside observed (SPEC §12): the recorded trace replayed by replab, the real outcomes, agreement.
 
-- Predicted: `pipelines.replay_job.run_replay` on DIR/trace (trace gate, replay, output gate, Delta tables);
+- Predicted: `engine.replay.run_replay` on DIR/trace (trace gate, replay, output gate, Delta tables);
   its message outcomes are read back from the lakehouse.
 - Observed: one row per message and policy in the `message_outcomes` shape: status/error/ack time from the
   producer's delivery report (a report after duration_us means `pending` at the end, as a replay judges it);
@@ -9,7 +9,7 @@
   not committed). readable_at_end and visible_us are not observed (stranded and visibility lag are null).
 - Observed unavailability: per partition, the union of [produce, answer) of every message whose answer took
   longer than UNAVAILABLE_AFTER_MS or was an error (to duration_us for messages still pending).
-- Both summaries come from the same code (`pipelines.metrics.run_summary`).
+- Both summaries come from the same code (`engine.metrics.run_summary`).
 - Failover: for each crash, shutdown or isolation, the partitions the broker led (sampled just before), the
   mean time from the fault to the first acknowledgement of a message produced after it, on both sides.
 """
@@ -67,7 +67,7 @@ def observed_outcomes(rec: Recording, i: int, run_id: str, duration_us: int) -> 
     deliveries, reads, parts = rec.deliveries[i], rec.reads[i], rec.partition[i]
     rows = []
     for mid, key, producer in zip(sch.produce["msg_id"].to_pylist(), sch.produce["key"].to_pylist(),
-                                  sch.produce["producer_id"].to_pylist()):
+                                  sch.produce["producer_id"].to_pylist(), strict=True):
         if mid not in rec.sent_us:
             continue
         sent = rec.sent_us[mid]
@@ -95,7 +95,7 @@ def observed_unavailability(outcomes: pd.DataFrame, duration_us: int) -> pd.Data
     slow = UNAVAILABLE_AFTER_MS * 1000
     for (run_id, p), g in outcomes.groupby(["run_id", "partition"]):
         spans = []
-        for st, produce, answer in zip(g["status"], g["produce_us"], g["_answer_us"]):
+        for st, produce, answer in zip(g["status"], g["produce_us"], g["_answer_us"], strict=True):
             end = duration_us if st == "pending" or pd.isna(answer) else min(int(answer), duration_us)
             if st != "acked" or end - produce > slow:
                 spans.append((int(produce), int(end)))
@@ -131,7 +131,7 @@ def agreement(predicted: pd.DataFrame, observed: pd.DataFrame) -> dict[str, floa
 
 
 def summarize(spark, outcomes: pd.DataFrame, unavailable: pd.DataFrame, run_info) -> dict[str, Any]:
-    from pipelines import metrics
+    from engine import metrics
     from schemas.tables import TABLES
 
     cols = TABLES["message_outcomes"].columns
@@ -172,7 +172,7 @@ def predict_local(policy, manifest, table) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def summary_local(outcomes: pd.DataFrame, unavailable: pd.DataFrame, duration_us: int) -> dict[str, Any]:
-    """SPEC §12's compared figures from outcomes, with run_summary's definitions (`pipelines/metrics.py`: exact
+    """SPEC §12's compared figures from outcomes, with run_summary's definitions (`engine/metrics.py`: exact
     percentiles with linear interpolation, intervals clipped to [0, duration_us]); the Spark path checks that
     both give the same numbers (tests/testbed)."""
     acked = outcomes["status"] == "acked"

@@ -1,15 +1,13 @@
-"""`replab testbed run` and `replab testbed report` (SPEC §12).
+"""The testbed run (SPEC §12); `replab testbed run|report` (pipelines/testbed_job.py) drives it.
 
 run: record a real Kafka cluster through the scenario (`testbed.record`), write DIR/trace/, replay it with replab
 under every policy (the ordinary replay path: trace gate, kernels, output gate, Delta tables), compare
 (`testbed.compare`), write DIR/comparison.json, the Delta tables `testbed_outcomes` and `testbed_comparisons`,
 and one MLflow run per (scenario, policy) tagged source=testbed.
-report: the agreement table from `testbed_comparisons`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -18,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.compare import COMPARED, Case
+from testbed.compare import Case
 
 EXPERIMENT = "testbed"
 
@@ -69,7 +67,7 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
         c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
     if publish or spark_replay:
-        from pipelines.lakehouse import Lakehouse
+        from storage.lakehouse import Lakehouse
         from testbed.publish import log_mlflow, write_tables
 
         if mlflow:
@@ -98,9 +96,9 @@ def _case(rec, i: int, run_id: str, canonical: str, label: str, pred_rows, pred_
 
 
 def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str]) -> list[Case]:
-    from pipelines import __version__
-    from pipelines.trace_loader import read_events_arrow
     from replay.policies import run_id
+    from schemas.version import __version__
+    from storage.trace_loader import read_events_arrow
     from testbed import compare
 
     _, table = read_events_arrow(trace)
@@ -120,9 +118,10 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
                 progress=print) -> list[Case]:
     from pyspark.sql import functions as F
 
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.metrics import RunInfo
-    from pipelines.replay_job import ReplayRequest, run_replay
+    from engine.metrics import RunInfo
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
+    from storage.lakehouse import Lakehouse
     from testbed import compare
 
     progress(f"replaying the recorded trace under {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}")
@@ -134,7 +133,7 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
                      .select("run_id", "msg_id", "partition", "produce_us", "status", "error", "ack_us", "fate")
                      .toPandas())
     cases = []
-    for i, (run, summary) in enumerate(zip(report.runs, report.summaries)):
+    for i, (run, summary) in enumerate(zip(report.runs, report.summaries, strict=True)):
         predicted = predicted_all[predicted_all["run_id"] == run.run_id].drop(columns="run_id")
         observed = compare.observed_outcomes(rec, i, run.run_id, manifest.duration_us)
         unavailable = compare.observed_unavailability(observed, manifest.duration_us)
@@ -144,49 +143,3 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
         cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
                            compare.summarize(spark, observed, unavailable, info)))
     return cases
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.2f}"
-    return f"{v:,}"
-
-
-def print_cases(cases: list[Case], console) -> None:
-    from rich.table import Table
-
-    table = Table(title="testbed: predicted / observed", title_justify="left")
-    for col in ("scenario", "policy", *COMPARED, "failover ms", "status agree", "fate agree"):
-        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
-    for c in cases:
-        cells = [f"{_fmt(c.predicted.get(k))} / {_fmt(c.observed.get(k))}" for k in COMPARED]
-        fo = f"{_fmt(c.failover_ms.get('predicted'))} / {_fmt(c.failover_ms.get('observed'))}"
-        table.add_row(c.scenario, c.policy, *cells, fo, f"{c.agreement['status']:.1%}",
-                      f"{c.agreement['fate']:.1%}")
-    console.print(table)
-
-
-def cli(args: argparse.Namespace) -> int:
-    from pipelines.terminal import console as terminal
-
-    console = terminal()
-    if args.testbed_command == "report":
-        from testbed.publish import print_report
-
-        return print_report(args.lakehouse, console)
-
-    def spark_factory():
-        from pipelines.session import get_spark
-
-        return get_spark("replab-testbed")
-
-    result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
-                         lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
-                         spark_replay=args.spark_replay, publish=not args.no_tables, progress=lambda t: console.log(t))
-    print_cases(result.cases, console)
-    console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
-                  f"wall: {result.wall_s['total_s']:.0f} s")
-    return 0

@@ -75,11 +75,16 @@ def _cast(v: Any, typ: str) -> Any:
 
 
 def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | None) -> None:
-    from pipelines.tracking import _metric, client_for, ensure_experiment, git_sha, log_in_chunks, run_params
+    from mlflow.entities import Metric
+
+    from engine.tracking import client_for, ensure_experiment, git_sha, log_in_chunks, run_params
+
+    def _metric(key: str, value: float, ts: int) -> Metric:
+        return Metric(key, value, ts, 0)
 
     client = client_for(tracking_uri)
     exp = ensure_experiment(client, EXPERIMENT)
-    for c, policy in zip(cases, policies):
+    for c, policy in zip(cases, policies, strict=True):
         run = client.create_run(exp, run_name=f"{c.scenario} · {c.policy}",
                                 tags={TAG_SOURCE: SOURCE, "family": policy.family, "scenario": c.scenario,
                                       "replab.run_id": c.run_id, "git_sha": git_sha()})
@@ -107,8 +112,8 @@ def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | N
 
 def agreement_rows(lakehouse) -> list[dict[str, Any]]:
     """The latest comparison of every (scenario, policy) in the lakehouse, in scenario then policy order."""
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.session import get_spark
+    from storage.lakehouse import Lakehouse
+    from storage.session import get_spark
 
     lake = Lakehouse(lakehouse, get_spark("replab-testbed-report"), create=False)
     if lake.version("testbed_comparisons") is None:
@@ -139,30 +144,3 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                  f"{r['status_agreement']:.1%} | {r['fate_agreement']:.1%} | "
                  f"{'agrees' if r['loss_agrees'] else '**differs**'} |\n")
     return head + body
-
-
-def print_report(lakehouse, console) -> int:
-    from rich.table import Table
-
-    from schemas.errors import BadInput
-
-    rows = agreement_rows(lakehouse)
-    if not rows:
-        raise BadInput(f"{lakehouse}: no testbed_comparisons rows yet (run `replab testbed run` first)",
-                       rule="testbed-report")
-    table = Table(title="testbed: predicted / observed", title_justify="left")
-    cols = ("scenario", "policy", "acked", "acked lost", "failed", "unavail. part-s", "ack p99 ms", "failover ms",
-            "status", "fate", "0 vs >0 loss")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
-    for r in rows:
-        def pair(k: str, fmt: str = "{:,.0f}", r: dict[str, Any] = r) -> str:
-            p, o = r[f"predicted_{k}"], r[f"observed_{k}"]
-            return f"{'–' if p is None else fmt.format(p)} / {'–' if o is None else fmt.format(o)}"
-
-        table.add_row(r["scenario"], r["policy"], pair("acked"), pair("acked_lost"), pair("failed"),
-                      pair("unavailable_partition_seconds", "{:,.1f}"), pair("ack_latency_p99_ms"),
-                      pair("failover_ms"), f"{r['status_agreement']:.1%}", f"{r['fate_agreement']:.1%}",
-                      "agrees" if r["loss_agrees"] else "differs")
-    console.print(table)
-    return 0

@@ -72,7 +72,7 @@ class Schedule:
 
 def schedule_from_scenario(spec: str, seed: int = 0) -> Schedule:
     from generators.generate import build_plan, chunk_table
-    from generators.scenario import resolve_scenario
+    from generators.library import resolve_scenario
 
     scenario = resolve_scenario(spec)
     plan = build_plan(scenario, seed, 1.0)
@@ -80,7 +80,8 @@ def schedule_from_scenario(spec: str, seed: int = 0) -> Schedule:
     events = pa.concat_tables(tables)
     produce = events.filter(pa.compute.equal(events["kind"], "produce")).select(
         ["ts_us", "msg_id", "key", "size_bytes", "producer_id"])
-    faults = [(int(t), Kind(int(k)), int(b)) for t, k, b in zip(plan.fault_ts_us, plan.fault_kind, plan.fault_broker)]
+    faults = [(int(t), Kind(int(k)), int(b))
+              for t, k, b in zip(plan.fault_ts_us, plan.fault_kind, plan.fault_broker, strict=True)]
     for _, kind, _ in faults:
         if kind not in SUPPORTED_FAULTS:
             raise BadInput(f"the testbed injects crash, restart, shutdown, isolate and heal; {kind.label} needs a "
@@ -256,7 +257,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     msg = schedule.produce["msg_id"].to_numpy()
     size = schedule.produce["size_bytes"].to_numpy()
     keys = schedule.produce["key"].to_pylist()
-    rec.partition = [dict(zip(msg.tolist(), pp.tolist())) for pp in parts]
+    rec.partition = [dict(zip(msg.tolist(), pp.tolist(), strict=True)) for pp in parts]
     rec.deliveries = [{} for _ in policies]
     for pr in producers:  # connect and fetch metadata before the clock starts
         pr.list_topics(timeout=10)

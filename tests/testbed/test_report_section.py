@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from replay.policies import parse_policy
+from report.testbed import load_cases, section
 from schemas.trace import Broker, Manifest
 from testbed.compare import Case
 from testbed.publish import log_mlflow, markdown_table
-from testbed.report_section import load_cases, section
 
 
 def _case(policy: str, pred_lost: int, obs_lost: int) -> Case:
@@ -31,7 +31,8 @@ def test_one_tagged_run_per_case_and_the_report_section(tmp_path):
     assert len(runs) == 2 and all(c.mlflow_run_id for c in cases)
     frame = load_cases(client)
     assert list(frame["policy"]) == sorted(policies)
-    assert dict(zip(frame["policy"], frame["observed_acked_lost"])) == {policies[0]: 2.0, policies[1]: 1.0}
+    observed = dict(zip(frame["policy"], frame["observed_acked_lost"], strict=True))
+    assert observed == {policies[0]: 2.0, policies[1]: 1.0}
     sec = section(client)
     assert sec is not None and sec.figure is not None
     assert "Testbed: predicted versus observed" in sec.html and "3 / 2" in sec.html and "0 / 1" in sec.html

@@ -25,7 +25,7 @@ class ReportSection:
 
 def load_cases(client) -> pd.DataFrame:
     """One row per (scenario, policy): the latest testbed run's predicted/observed metrics."""
-    from pipelines.tracking import find_experiment, search_all_runs
+    from engine.tracking import find_experiment, search_all_runs
 
     exp = find_experiment(client, EXPERIMENT)
     if exp is None:
@@ -46,10 +46,12 @@ def load_cases(client) -> pd.DataFrame:
 
 
 def chart(cases: pd.DataFrame):
-    from pipelines.plots import _figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    fig = _figure(11, 5.5)
-    labels = [f"{s}\n{p}" for s, p in zip(cases["scenario"], cases["policy"])]
+    fig = Figure(figsize=(11, 5.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    labels = [f"{s}\n{p}" for s, p in zip(cases["scenario"], cases["policy"], strict=True)]
     x = np.arange(len(cases))
     for i, (key, title) in enumerate((("acked_lost", "acknowledged messages lost"),
                                       ("unavailable_partition_seconds", "unavailable partition-seconds"))):
