@@ -42,7 +42,7 @@ def leader_crash(tmp_path_factory):
 
 
 def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
-    from pipelines.trace_loader import read_events_arrow
+    from storage.trace_loader import read_events_arrow
 
     manifest, table = read_events_arrow(leader_crash.trace)
     assert manifest.broker_ids == (0, 1, 2)
