@@ -13,7 +13,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := true
 
-.PHONY: demo test test-slow bench lint fmt dist lock clean venv
+.PHONY: demo test test-slow bench lint fmt dist lock clean venv testbed
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# SPEC §12: every testbed-* scenario on a real Kafka cluster (root, Java, Maven on the first run), then the
+# README's agreement table. About 4 minutes per scenario on two cores.
+testbed: $(STAMP)
+	$(PY) -m pipelines.testbed_job $(TESTBED_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -20,6 +20,7 @@ examples:
   replab generate --scenario k2-acks1-leader-crash --out traces/k2
   replab replay --trace traces/k2 --policy kafka-acks1 --policy kafka-durable --summary-json k2.json
   replab demo                                        the whole pipeline on the embedded default
+  replab testbed run --scenario testbed-leader-crash --policy kafka-acks1 --out tb   a real cluster beside it
 
 Policies are FAMILY[:param=value,...] or PRESET[:param=value,...], e.g. kafka:acks=1 or kafka-durable.
 Exit codes: 0 ok, 2 bad input, 3 a data-quality gate failed, 1 anything else.
@@ -100,6 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="traces (DIR/traces) and results (sweep.json, sweep.csv); default ./sweeps/<experiment>")
+
+    p = command("testbed", "replab's predictions beside a real Kafka cluster (SPEC §12)", "pipelines.testbed_job:cli")
+    tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", parser_class=_Parser, required=True)
+    t = tsub.add_parser("run", help="run a scenario on a real KRaft cluster, replay its trace, compare",
+                        description="run a scenario on a real KRaft cluster, replay its trace, compare")
+    t.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="e.g. testbed-leader-crash")
+    t.add_argument("--policy", required=True, action="append", metavar="SPEC",
+                   help="a Kafka policy; repeat for several (one cluster, one topic and producer each)")
+    t.add_argument("--out", required=True, metavar="DIR", help="DIR/trace/ and DIR/comparison.json")
+    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
+    t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    t.add_argument("--spark-replay", action="store_true",
+                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
+    t.add_argument("--no-tables", action="store_true",
+                   help="no Delta tables nor MLflow runs: DIR/trace/ and DIR/comparison.json only (no Spark)")
+    t = tsub.add_parser("report", help="the agreement table from testbed_comparisons",
+                        description="the agreement table from testbed_comparisons")
+    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
 
     p = command("policies", "every family, preset and parameter with its default", "pipelines.catalog:policies_cli")
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table")

@@ -387,7 +387,7 @@ code{background:#f6f6f6;padding:0 .2em}
 """
 
 
-def render_html(cmp: Comparison, images: dict[str, bytes]) -> str:
+def render_html(cmp: Comparison, images: dict[str, bytes], extra_html: str = "") -> str:
     from report.tables import COMPARISON_COLUMNS
 
     esc = html.escape
@@ -423,6 +423,7 @@ committed: the producer got an error, consumers will read it anyway. Stranded: a
 readable at the end of the trace. Availability: acked / produced. Unavailable partition-seconds: time during which
 a produce to a partition could not be acknowledged, summed over partitions.</p>
 <h2>Plots</h2>{''.join(figures)}
+{extra_html}
 </body></html>
 """
 
@@ -450,8 +451,20 @@ def build_report(experiment: str, out_dir: str | Path | None = None, tracking_ur
     for name, fig in figures_for(client, cmp).items():
         images[name] = plots.png_bytes(fig)
         (out / name).write_bytes(images[name])
+    # SPEC §12: the testbed's cases of the same tracking store, predicted beside observed.
+    from report.testbed import FIGURE, section
+
+    testbed = section(client)
+    extra = ""
+    if testbed is not None:
+        png = plots.png_bytes(testbed.figure)
+        (out / FIGURE).write_bytes(png)
+        data = base64.b64encode(png).decode("ascii")
+        extra = (testbed.html + f'<figure><img alt="testbed" src="data:image/png;base64,{data}">'
+                 "<figcaption>Per testbed case: acknowledged messages lost and unavailable partition-seconds, "
+                 "replab's prediction beside the real cluster.</figcaption></figure>")
     html_path = out / "report.html"
-    html_path.write_text(render_html(cmp, images), encoding="utf-8")
+    html_path.write_text(render_html(cmp, images, extra), encoding="utf-8")
     cmp_tags = {"replab.policies": str(len(cmp.results)), "replab.version": _version()}
     traces = sorted({r.trace_id for r in cmp.results})
     if len(traces) == 1:

@@ -15,7 +15,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("storage",),  # Spark session, the lakehouse (the one Delta writer), trace loader, report queries
     ("expectations",),  # the trace and output gates (read storage)
     ("engine",),  # the replay plan, group replay on executors, publish, metrics, MLflow; engine/stream/
-    ("testbed",),  # reserved (SPEC §12)
+    ("testbed",),  # SPEC §12: a real Kafka cluster beside every prediction (records traces, compares)
     ("report",),  # plots, run figures, comparison tables, the HTML compare, the DLedger-vs-Kafka study
     ("pipelines",),  # the CLI, spark-submit jobs, `make dist`, notebook set-up: thin
     ("notebooks", "bench", "tests"),  # on top: import anything, imported by nothing below

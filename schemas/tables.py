@@ -154,6 +154,30 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in (
         properties=_SMALL, description="the replay's own event-time progress (SPEC §4.3)",
     ),
     TableSpec(
+        "testbed_outcomes",
+        "run_id STRING NOT NULL, scenario STRING NOT NULL, policy STRING NOT NULL, msg_id BIGINT NOT NULL, "
+        "`partition` INT, produce_us BIGINT NOT NULL, observed_status STRING NOT NULL, observed_error STRING, "
+        "observed_ack_us BIGINT, observed_fate STRING NOT NULL, observed_offset BIGINT, predicted_status STRING, "
+        "predicted_error STRING, predicted_ack_us BIGINT, predicted_fate STRING",
+        partition_by=("run_id",), properties=_SMALL,
+        description="testbed (SPEC §12): per message, what a real Kafka cluster did beside replab's prediction; "
+                    "run_id is the prediction's run",
+    ),
+    TableSpec(
+        "testbed_comparisons",
+        "run_id STRING NOT NULL, scenario STRING NOT NULL, policy STRING NOT NULL, trace_id STRING NOT NULL, "
+        "predicted_produced BIGINT, observed_produced BIGINT, predicted_acked BIGINT, observed_acked BIGINT, "
+        "predicted_failed BIGINT, observed_failed BIGINT, predicted_pending BIGINT, observed_pending BIGINT, "
+        "predicted_acked_lost BIGINT, observed_acked_lost BIGINT, predicted_failed_committed BIGINT, "
+        "observed_failed_committed BIGINT, predicted_unavailable_partition_seconds DOUBLE, "
+        "observed_unavailable_partition_seconds DOUBLE, predicted_ack_latency_p50_ms DOUBLE, "
+        "observed_ack_latency_p50_ms DOUBLE, predicted_ack_latency_p99_ms DOUBLE, observed_ack_latency_p99_ms DOUBLE, "
+        "predicted_failover_ms DOUBLE, observed_failover_ms DOUBLE, status_agreement DOUBLE, "
+        "fate_agreement DOUBLE, loss_agrees BOOLEAN, mlflow_run_id STRING, recorded_at TIMESTAMP",
+        properties=_SMALL,
+        description="testbed (SPEC §12): per (scenario, policy), predicted and observed figures and agreement",
+    ),
+    TableSpec(
         "quarantine",
         "run_id STRING, trace_id STRING NOT NULL, file STRING, `row` BIGINT, raw STRING, rule STRING NOT NULL, "
         "severity STRING NOT NULL",

@@ -1,0 +1,161 @@
+"""`replab testbed run` and `replab testbed report` (SPEC §12): thin commands over `testbed.job` and the
+`testbed_comparisons` table, and `make testbed` (`python -m pipelines.testbed_job`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ReplabError
+from testbed.compare import COMPARED, Case
+from testbed.job import run_testbed
+from testbed.publish import agreement_rows, markdown_table
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return f"{v:,}"
+
+
+def print_cases(cases: list[Case], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="testbed: predicted / observed", title_justify="left")
+    for col in ("scenario", "policy", *COMPARED, "failover ms", "status agree", "fate agree"):
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
+    for c in cases:
+        cells = [f"{_fmt(c.predicted.get(k))} / {_fmt(c.observed.get(k))}" for k in COMPARED]
+        fo = f"{_fmt(c.failover_ms.get('predicted'))} / {_fmt(c.failover_ms.get('observed'))}"
+        table.add_row(c.scenario, c.policy, *cells, fo, f"{c.agreement['status']:.1%}",
+                      f"{c.agreement['fate']:.1%}")
+    console.print(table)
+
+
+def cli(args: argparse.Namespace) -> int:
+    from report.terminal import console as terminal
+
+    console = terminal()
+    if args.testbed_command == "report":
+        return print_report(args.lakehouse, console)
+
+    def spark_factory():
+        from storage.session import get_spark
+
+        return get_spark("replab-testbed")
+
+    result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
+                         lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
+                         spark_replay=args.spark_replay, publish=not args.no_tables, progress=lambda t: console.log(t))
+    print_cases(result.cases, console)
+    console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
+                  f"wall: {result.wall_s['total_s']:.0f} s")
+    return 0
+
+
+def print_report(lakehouse, console) -> int:
+    from rich.table import Table
+
+    from schemas.errors import BadInput
+
+    rows = agreement_rows(lakehouse)
+    if not rows:
+        raise BadInput(f"{lakehouse}: no testbed_comparisons rows yet (run `replab testbed run` first)",
+                       rule="testbed-report")
+    table = Table(title="testbed: predicted / observed", title_justify="left")
+    cols = ("scenario", "policy", "acked", "acked lost", "failed", "unavail. part-s", "ack p99 ms", "failover ms",
+            "status", "fate", "0 vs >0 loss")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right", overflow="fold")
+    for r in rows:
+        def pair(k: str, fmt: str = "{:,.0f}", r: dict[str, Any] = r) -> str:
+            p, o = r[f"predicted_{k}"], r[f"observed_{k}"]
+            return f"{'–' if p is None else fmt.format(p)} / {'–' if o is None else fmt.format(o)}"
+
+        table.add_row(r["scenario"], r["policy"], pair("acked"), pair("acked_lost"), pair("failed"),
+                      pair("unavailable_partition_seconds", "{:,.1f}"), pair("ack_latency_p99_ms"),
+                      pair("failover_ms"), f"{r['status_agreement']:.1%}", f"{r['fate_agreement']:.1%}",
+                      "agrees" if r["loss_agrees"] else "differs")
+    console.print(table)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ make testbed
+ACKS1 = "kafka-acks1"
+DURABLE = "kafka:acks=all,min_insync_replicas=2"
+SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("testbed-leader-crash", (ACKS1, DURABLE)),
+    ("testbed-follower-crash", (ACKS1, DURABLE)),
+    ("testbed-two-failures", ("kafka:acks=all,unclean_leader_election=true",
+                              "kafka:acks=all,unclean_leader_election=false")),
+    ("testbed-controlled-shutdown", (ACKS1, DURABLE)),
+    ("testbed-zombie-leader", (ACKS1, DURABLE)),
+    ("testbed-session-timeout", (ACKS1, DURABLE)),
+)
+BEGIN, END = "<!-- testbed-table:begin -->", "<!-- testbed-table:end -->"
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def rewrite_readme(rows, wall: dict[str, float], readme: Path = README) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ReplabError(f"{readme}: the testbed section's markers {BEGIN} … {END} are missing")
+    when = time.strftime("%Y-%m-%d", time.gmtime())
+    timing = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items())
+    table = (f"{BEGIN}\n*From `make testbed` on {when} (wall time per scenario: {timing}). Each cell is "
+             f"predicted / observed.*\n\n{markdown_table(rows)}{END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(head + table + tail)
+
+
+def suite_main(argv: list[str] | None = None) -> int:
+    """`make testbed`: every testbed scenario of SPEC §12 on a real cluster (one Spark session for the set),
+    then the README table between its markers (the text around it is written by hand)."""
+    from replay.policies import parse_policy
+    from report.terminal import console as terminal
+    from storage.session import get_spark
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.testbed_job")
+    ap.add_argument("--out", default="testbed-runs", help="run folders, lakehouse and MLflow store")
+    ap.add_argument("--only", action="append", default=None, metavar="SCENARIO")
+    ap.add_argument("--no-readme", action="store_true")
+    args = ap.parse_args(argv)
+    console = terminal()
+    out = Path(args.out).resolve()
+    lakehouse, tracking = out / "lakehouse", f"sqlite:///{out / 'mlflow.db'}"
+    spark = None
+
+    def spark_factory():
+        nonlocal spark
+        spark = spark or get_spark("replab-testbed")
+        return spark
+
+    wall = {}
+    for scenario, policies in SUITE:
+        if args.only and scenario not in args.only:
+            continue
+        console.rule(scenario)
+        result = run_testbed(spark_factory, scenario, [parse_policy(p) for p in policies], list(policies),
+                             out / scenario, lakehouse=lakehouse, tracking_uri=tracking,
+                             progress=lambda t: console.log(t))
+        print_cases(result.cases, console)
+        wall[scenario] = result.wall_s["total_s"]
+    rows = agreement_rows(lakehouse)
+    if not args.no_readme:
+        rewrite_readme(rows, wall)
+        console.print(f"README: {len(rows)} rows rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(suite_main(sys.argv[1:]))
+    except ReplabError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

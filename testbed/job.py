@@ -1,0 +1,145 @@
+"""The testbed run (SPEC §12); `replab testbed run|report` (pipelines/testbed_job.py) drives it.
+
+run: record a real Kafka cluster through the scenario (`testbed.record`), write DIR/trace/, replay it with replab
+under every policy (the ordinary replay path: trace gate, kernels, output gate, Delta tables), compare
+(`testbed.compare`), write DIR/comparison.json, the Delta tables `testbed_outcomes` and `testbed_comparisons`,
+and one MLflow run per (scenario, policy) tagged source=testbed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.compare import Case
+
+EXPERIMENT = "testbed"
+
+
+@dataclass
+class TestbedResult:
+    out: Path
+    trace: Path
+    cases: list[Case]
+    recording: Any
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+
+def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str], out: str | Path, *,
+                lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
+                spark_replay: bool = False, publish: bool = True, progress=print) -> TestbedResult:
+    """The whole `replab testbed run`.
+
+    The prediction runs the replay kernels through `replay/local.py` (seconds), or with `spark_replay` the whole
+    `replab replay` path (trace gate, Spark, output gate, the replay's own Delta tables; minutes on a busy
+    2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
+    tracking code); without it no Spark starts at all (the fast test).
+    """
+    from testbed.record import run_cluster, schedule_from_scenario, write_trace
+
+    t_start = time.monotonic()
+    out = Path(out)
+    schedule = schedule_from_scenario(scenario)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid() % 100000:05d}"
+    rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+    trace = out / "trace"
+    shutil.rmtree(trace, ignore_errors=True)
+    manifest = write_trace(rec, trace)
+    for node in (out / "cluster").glob("*/data"):  # the logs stay for a post-mortem, the data does not
+        shutil.rmtree(node, ignore_errors=True)
+    t_recorded = time.monotonic()
+
+    if spark_replay:
+        cases = compare_run(spark_factory(), rec, manifest, trace, policies, labels, lakehouse=lakehouse,
+                            progress=progress)
+    else:
+        cases = compare_local(rec, manifest, trace, policies, labels)
+    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
+    (out / "outcomes").mkdir(exist_ok=True)
+    for i, c in enumerate(cases):
+        c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
+        c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
+    if publish or spark_replay:
+        from storage.lakehouse import Lakehouse
+        from testbed.publish import log_mlflow, write_tables
+
+        if mlflow:
+            progress("MLflow: one run per (scenario, policy), tagged source=testbed")
+            log_mlflow(cases, rec, manifest, policies, tracking_uri)
+        progress("Delta: testbed_outcomes, testbed_comparisons")
+        spark = spark_factory()
+        # create=False: only the two testbed tables are made (on their first write), not the whole lakehouse.
+        write_tables(spark, Lakehouse(lakehouse, spark, create=False), cases, manifest)
+    wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
+            "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
+            "total_s": time.monotonic() - t_start}
+    return TestbedResult(out, trace, cases, rec, wall)
+
+
+def _case(rec, i: int, run_id: str, canonical: str, label: str, pred_rows, pred_summary, obs_rows, obs_summary):
+    from testbed import compare
+
+    case = Case(rec.schedule.scenario, label, canonical, run_id, pred_summary, obs_summary,
+                compare.agreement(pred_rows, obs_rows),
+                {"predicted": compare.failover_ms(rec, i, pred_rows),
+                 "observed": compare.failover_ms(rec, i, obs_rows)})
+    case._observed_rows = obs_rows  # type: ignore[attr-defined]
+    case._predicted_rows = pred_rows  # type: ignore[attr-defined]
+    return case
+
+
+def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str]) -> list[Case]:
+    from replay.policies import run_id
+    from schemas.version import __version__
+    from storage.trace_loader import read_events_arrow
+    from testbed import compare
+
+    _, table = read_events_arrow(trace)
+    cases = []
+    for i, policy in enumerate(policies):
+        rid = run_id(manifest.trace_id, policy, __version__)
+        pred, pred_un = compare.predict_local(policy, manifest, table)
+        obs = compare.observed_outcomes(rec, i, rid, manifest.duration_us)
+        obs_un = compare.observed_unavailability(obs, manifest.duration_us)
+        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred,
+                           compare.summary_local(pred, pred_un, manifest.duration_us), obs,
+                           compare.summary_local(obs, obs_un, manifest.duration_us)))
+    return cases
+
+
+def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[str], *, lakehouse,
+                progress=print) -> list[Case]:
+    from pyspark.sql import functions as F
+
+    from engine.metrics import RunInfo
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
+    from storage.lakehouse import Lakehouse
+    from testbed import compare
+
+    progress(f"replaying the recorded trace under {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}")
+    report = run_replay(spark, ReplayRequest(trace=str(trace), policies=policies, lakehouse=str(lakehouse),
+                                             mlflow=False))
+    lake = Lakehouse(lakehouse, spark)
+    ids = [r.run_id for r in report.runs]
+    predicted_all = (lake.read("message_outcomes").where(F.col("run_id").isin(ids))
+                     .select("run_id", "msg_id", "partition", "produce_us", "status", "error", "ack_us", "fate")
+                     .toPandas())
+    cases = []
+    for i, (run, summary) in enumerate(zip(report.runs, report.summaries, strict=True)):
+        predicted = predicted_all[predicted_all["run_id"] == run.run_id].drop(columns="run_id")
+        observed = compare.observed_outcomes(rec, i, run.run_id, manifest.duration_us)
+        unavailable = compare.observed_unavailability(observed, manifest.duration_us)
+        info = RunInfo(run.run_id, manifest.duration_us, run.partitions, run.min_insync_replicas,
+                       run.layout.brokers_used, run.layout.replicas_per_message, None)
+        pred = {k: summary.get(k) for k in summary if k != "run_id"}
+        cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
+                           compare.summarize(spark, observed, unavailable, info)))
+    return cases

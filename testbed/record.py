@@ -1,0 +1,633 @@
+"""Drive a real Kafka cluster through a scenario and record what happened (SPEC §12).
+
+One cluster serves every policy of a run: each policy gets its own topic (its partitions, replication factor,
+min ISR, unclean election, LogAppendTime timestamps) and its own confluent-kafka producer (its acks, timeouts,
+retry backoff, idempotence), and every producer sends every produce event of the scenario at its time. The
+faults hit all topics at once, so one recorded trace (`DIR/trace/`) stands for all policies; policies that
+need different broker-level settings (replica.lag.time.max.ms, the session timeout, ELR) need separate runs.
+
+What is recorded:
+- produce events as sent (the wall-clock instant of the first producer's send, µs from the run's start);
+- faults as injected (the instant the signal was sent or the routes changed);
+- `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
+  rule 5: a follower holding offsets < LEO holds every message its leader appended before the record at
+  offset LEO, so upto_us = that record's LogAppendTime − 1 µs, or the sample instant when it is caught up;
+  see `replicate_events`);
+- per policy and message: the delivery report (status, error, ack instant, offset, LogAppendTime) and whether
+  the verifying consumer read it after every fault healed and every broker came back (fate).
+
+Messages go to the partition SPEC §3.2 rule 1 gives (the real producer is told the partition): the trace
+carries no partition, and the real default partitioner (CRC32 for keys, sticky batches without) would make the
+two sides disagree for reasons that have nothing to do with replication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replay.policies import Acks, KafkaPolicy, Policy
+from schemas.errors import BadInput
+from schemas.trace import EVENT_ARROW_SCHEMA, Broker, Kind, Manifest
+from testbed.cluster import BrokerSettings, KafkaCluster, broker_name
+
+log = logging.getLogger(__name__)
+
+SAMPLE_MS = 50
+TOPIC_PREFIX = "replab-p"
+#: SPEC §12: crash, restart, shutdown, isolate and heal are injected; the rest needs a filesystem that drops
+#: unsynced writes, which this testbed does not have.
+SUPPORTED_FAULTS = (Kind.CRASH, Kind.RESTART, Kind.SHUTDOWN, Kind.ISOLATE, Kind.HEAL)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+@dataclass
+class Schedule:
+    """What to do: the scenario's produce events and faults (its replicate events are the cluster's business)."""
+
+    scenario: str
+    trace_id: str
+    brokers: tuple[Broker, ...]
+    duration_us: int
+    produce: pa.Table  # ts_us, msg_id, key, size_bytes, producer_id in time order
+    faults: list[tuple[int, Kind, int]]  # (ts_us, kind, broker) in SPEC §2.2 order
+    #: the scenario's follower fetch cadence, given to the real followers (replica.fetch.wait.max.ms)
+    fetch_ms: int
+    generator: dict[str, Any]
+
+
+def schedule_from_scenario(spec: str, seed: int = 0) -> Schedule:
+    from generators.generate import build_plan, chunk_table
+    from generators.library import resolve_scenario
+
+    scenario = resolve_scenario(spec)
+    plan = build_plan(scenario, seed, 1.0)
+    tables = [chunk_table(plan, c)[0] for c in range(plan.n_chunks)]
+    events = pa.concat_tables(tables)
+    produce = events.filter(pa.compute.equal(events["kind"], "produce")).select(
+        ["ts_us", "msg_id", "key", "size_bytes", "producer_id"])
+    faults = [(int(t), Kind(int(k)), int(b))
+              for t, k, b in zip(plan.fault_ts_us, plan.fault_kind, plan.fault_broker, strict=True)]
+    for _, kind, _ in faults:
+        if kind not in SUPPORTED_FAULTS:
+            raise BadInput(f"the testbed injects crash, restart, shutdown, isolate and heal; {kind.label} needs a "
+                           f"filesystem that drops unsynced writes (out of scope, SPEC §12)",
+                           file=f"scenario {scenario.name}", rule="testbed-fault")
+    fetch_ms = max(1, round(scenario.replication.default.fetch_interval_ms))
+    return Schedule(scenario.name, f"{scenario.name}-recorded-s{seed}", tuple(scenario.brokers), plan.duration_us,
+                    produce, faults, fetch_ms, {"scenario": scenario.name, "seed": seed, "testbed": True})
+
+
+def broker_settings(policies: list[Policy], fetch_ms: int) -> BrokerSettings:
+    """The cluster-level settings the policies share; policies that differ there need separate runs."""
+    for i, p in enumerate(policies):
+        if not isinstance(p, KafkaPolicy):
+            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the testbed runs Kafka policies only "
+                           f"(RocketMQ follows, SPEC §12)", rule="testbed-policy")
+        if p.controller.value != "kraft":
+            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the testbed cluster runs KRaft, not ZooKeeper",
+                           rule="testbed-policy")
+    settings = {BrokerSettings(p.replica_lag_time_max_ms, p.session_timeout_ms, p.eligible_leader_replicas, fetch_ms)
+                for p in policies}
+    if len(settings) > 1:
+        raise BadInput("the policies of one testbed run share one cluster, so they must agree on "
+                       "replica_lag_time_max_ms, controller and eligible_leader_replicas; run them separately",
+                       rule="testbed-policy")
+    return settings.pop()
+
+
+# ------------------------------------------------------------------------------------------------ what is seen
+@dataclass
+class Delivery:
+    report_us: int
+    error: str | None  # librdkafka's error name, None when acknowledged
+    offset: int | None
+    append_ms: int | None
+
+
+@dataclass
+class Sample:
+    ts_us: int
+    broker: int
+    leo: dict[tuple[str, int], int]
+    leads: set[tuple[str, int]]
+
+
+@dataclass
+class Recording:
+    schedule: Schedule
+    policies: list[KafkaPolicy]
+    t0_us: int
+    sent_us: dict[int, int] = field(default_factory=dict)  # msg_id -> send instant
+    partition: list[dict[int, int]] = field(default_factory=list)  # per policy: msg_id -> partition
+    deliveries: list[dict[int, Delivery]] = field(default_factory=list)  # per policy
+    faults: list[tuple[int, Kind, int]] = field(default_factory=list)  # as injected
+    samples: list[Sample] = field(default_factory=list)
+    reads: list[dict[int, tuple[int, int, int]]] = field(default_factory=list)  # msg_id -> (partition, offset, ms)
+    replicas: list[dict[int, tuple[int, ...]]] = field(default_factory=list)  # per policy: partition -> brokers
+    wall_s: dict[str, float] = field(default_factory=dict)
+    pgids: list[int] = field(default_factory=list)  # every process group the cluster started
+    tag: str = ""
+
+
+def topic_of(index: int) -> str:
+    return f"{TOPIC_PREFIX}{index}"
+
+
+def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
+    acks = {Acks.ZERO: "0", Acks.ONE: "1", Acks.ALL: "all"}[policy.acks]
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": acks,
+        "request.timeout.ms": policy.request_timeout_ms,
+        "delivery.timeout.ms": policy.delivery_timeout_ms,
+        "retry.backoff.ms": policy.retry_backoff_ms,
+        "retry.backoff.max.ms": max(policy.retry_backoff_ms, getattr(policy, "retry_backoff_max_ms", 1000)),
+        # SPEC §3.1: producers never duplicate. librdkafka allows idempotence with acks=all only.
+        "enable.idempotence": acks == "all",
+        "linger.ms": 0,
+        "topic.metadata.refresh.interval.ms": policy.metadata_max_age_ms,
+        "log_level": 0,
+    }
+
+
+def _partitions(policy: KafkaPolicy, table: pa.Table) -> np.ndarray:
+    from replay.local import msg_rank
+    from replay.routing import kafka_route
+
+    return kafka_route(table["key"].combine_chunks(), msg_rank(table["msg_id"].to_numpy()), policy.partitions)
+
+
+class Sampler(threading.Thread):
+    """One broker's per-partition log end offset and leadership every SAMPLE_MS, through its Jolokia agent
+    (one thread per broker, so that a slow or dying JVM does not delay the others' samples)."""
+
+    REQUEST = json.dumps([
+        {"type": "read", "mbean": f"kafka.log:type=Log,name=LogEndOffset,topic={TOPIC_PREFIX}*,*",
+         "attribute": "Value"},
+        # A partition's InSyncReplicasCount is non-zero only on its leader (kafka.cluster.Partition).
+        {"type": "read", "mbean": f"kafka.cluster:type=Partition,name=InSyncReplicasCount,topic={TOPIC_PREFIX}*,*",
+         "attribute": "Value"},
+    ]).encode()
+
+    def __init__(self, cluster: KafkaCluster, rec: Recording, state: dict[int, str], broker: int,
+                 stop: threading.Event) -> None:
+        super().__init__(daemon=True, name=f"testbed-sampler-{broker}")
+        self.cluster, self.rec, self.state, self.broker, self.stop_event = cluster, rec, state, broker, stop
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            start = time.monotonic()
+            if self.state.get(self.broker) != "down":
+                sample = self.read(self.broker)
+                if sample is not None:
+                    self.rec.samples.append(sample)  # list.append is atomic under the GIL
+            self.stop_event.wait(max(0.0, SAMPLE_MS / 1000 - (time.monotonic() - start)))
+
+    def read(self, broker: int) -> Sample | None:
+        req = urllib.request.Request(self.cluster.jolokia_url(broker), data=self.REQUEST,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=0.5) as resp:
+                body = json.loads(resp.read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return None  # the broker is starting or stopping
+        ts = _now_us() - self.rec.t0_us
+        leo, leads = {}, set()
+        for i, part in enumerate(body):
+            for mbean, attrs in (part.get("value") or {}).items():
+                props = dict(kv.split("=", 1) for kv in mbean.split(":", 1)[1].split(","))
+                key = (props["topic"], int(props["partition"]))
+                if i == 0:
+                    leo[key] = int(attrs["Value"])
+                elif int(attrs["Value"]) > 0:
+                    leads.add(key)
+        return Sample(ts, broker, leo, leads)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+# ------------------------------------------------------------------------------------------------ the run
+def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy], *, progress=print) -> Recording:
+    """Create the topics, drive the producers and the faults, heal, read everything back."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from replay.families import family_of
+
+    manifest = Manifest(schedule.trace_id, schedule.brokers, schedule.duration_us)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    rec = Recording(schedule, policies, 0)
+    topics = []
+    for i, p in enumerate(policies):
+        layout = family_of(p).layout(p, manifest)
+        replicas = {u: tuple(layout.replicas[u]) for u in layout.units}
+        rec.replicas.append(replicas)
+        topics.append(NewTopic(topic_of(i), num_partitions=p.partitions,
+                               replica_assignment=[list(replicas[u]) for u in sorted(replicas)],
+                               config={"min.insync.replicas": str(p.min_insync_replicas),
+                                       "unclean.leader.election.enable": str(p.unclean_leader_election).lower(),
+                                       "message.timestamp.type": "LogAppendTime"}))
+    for topic, fut in admin.create_topics(topics, request_timeout=30).items():
+        try:
+            fut.result()
+        except Exception as exc:
+            raise RuntimeError(f"creating topic {topic}: {exc}") from exc
+    _wait_leaders(admin, policies, timeout_s=60)
+
+    producers = [ResilientProducer(Producer, producer_config(p, cluster.bootstrap)) for p in policies]
+    parts = [_partitions(p, schedule.produce) for p in policies]
+    ts = schedule.produce["ts_us"].to_numpy()
+    msg = schedule.produce["msg_id"].to_numpy()
+    size = schedule.produce["size_bytes"].to_numpy()
+    keys = schedule.produce["key"].to_pylist()
+    rec.partition = [dict(zip(msg.tolist(), pp.tolist(), strict=True)) for pp in parts]
+    rec.deliveries = [{} for _ in policies]
+    for pr in producers:  # connect and fetch metadata before the clock starts
+        pr.list_topics(timeout=10)
+
+    callback_errors: list[str] = []
+
+    def on_delivery(i: int, msg_id: int, err, m) -> None:
+        # Never raise into librdkafka's poll (it turns a Python exception into a SystemError there).
+        try:
+            now = _now_us() - rec.t0_us
+            tstype, tsval = m.timestamp()
+            offset = m.offset() if err is None else None
+            rec.deliveries[i][msg_id] = Delivery(now, None if err is None else str(err.name()),
+                                                 offset if offset is not None and offset >= 0 else None,
+                                                 tsval if err is None and tstype != 0 else None)
+        except BaseException as exc:  # recorded, reported after the run
+            callback_errors.append(f"message {msg_id}: {type(exc).__name__}: {exc}")
+
+    state = {b: "up" for b in cluster.brokers}
+    stop = threading.Event()
+    samplers = [Sampler(cluster, rec, state, b, stop) for b in cluster.brokers]
+    rec.t0_us = _now_us()
+    start = time.monotonic()
+    for sampler in samplers:
+        sampler.start()
+    try:
+        fi, n = 0, len(ts)
+        for j in range(n + 1):
+            due = int(ts[j]) if j < n else schedule.duration_us
+            while fi < len(schedule.faults) and schedule.faults[fi][0] <= due:
+                f_ts, kind, broker = schedule.faults[fi]
+                _wait_until(rec.t0_us + f_ts, producers)
+                if kind in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE):
+                    # Every follower's position right before the fault: what it fetched between the last
+                    # periodic sample and the fault decides what an acks=1 leader loses (SPEC §3.2 rule 9).
+                    for b in cluster.brokers:
+                        sample = samplers[0].read(b) if state.get(b) != "down" else None
+                        if sample is not None:
+                            rec.samples.append(sample)
+                _inject(cluster, kind, broker, state)
+                rec.faults.append((_now_us() - rec.t0_us, kind, broker))
+                progress(f"{kind.label} broker {broker} at {f_ts / 1e6:.1f} s")
+                fi += 1
+            if j == n:
+                break
+            _wait_until(rec.t0_us + due, producers)
+            mid = int(msg[j])
+            rec.sent_us[mid] = _now_us() - rec.t0_us
+            value = _payload(mid, int(size[j]))
+            for i, pr in enumerate(producers):
+                pr.produce(topic_of(i), value=value, key=keys[j], partition=int(parts[i][j]),
+                           on_delivery=functools.partial(on_delivery, i, mid))
+                pr.poll(0)
+        _wait_until(rec.t0_us + schedule.duration_us, producers)
+    finally:
+        stop.set()
+        for sampler in samplers:
+            sampler.join(timeout=5)
+    rec.wall_s["trace"] = time.monotonic() - start
+    if callback_errors:
+        raise RuntimeError(f"{len(callback_errors)} delivery reports could not be read, first: {callback_errors[0]}")
+    # SPEC §4.1 judges at duration_us: nothing more is sent; what was queued but never sent is absent.
+    for pr in producers:
+        pr.purge(in_queue=True, in_flight=False)
+        pr.flush(10)
+
+    progress("healing and restarting every broker, then reading every partition back")
+    for b, s in list(state.items()):
+        if s == "isolated":
+            cluster.heal(b)
+        elif s == "down":
+            cluster.restart(b)
+        state[b] = "up"
+    cluster.wait_ready(timeout_s=90)
+    _wait_settled(admin, policies, timeout_s=60)
+    rec.reads = [read_back(cluster.bootstrap, topic_of(i), p.partitions) for i, p in enumerate(policies)]
+    return rec
+
+
+def _payload(msg_id: int, size: int) -> bytes:
+    head = f"{msg_id}:".encode()
+    return head + b"x" * max(0, size - len(head))
+
+
+class ResilientProducer:
+    """A confluent-kafka producer that an application would recreate after a fatal error.
+
+    An idempotent producer whose acknowledged writes were truncated (unclean election) gets a fatal
+    OUT_OF_ORDER_SEQUENCE_NUMBER and refuses every later call: its queued messages fail (their delivery
+    reports carry the error) and a new producer with the same settings takes the following sends.
+    """
+
+    def __init__(self, factory, config: dict[str, Any]) -> None:
+        self.factory, self.config = factory, config
+        self.producer = factory(config)
+        self.fatal: list[str] = []
+        self.retired: list[Any] = []  # polled at the end, for the delivery reports of what they held
+
+    def _renew(self, exc: Exception) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        err = exc.args[0] if exc.args else None
+        # produce() on a producer already in the fatal state raises a plain _FATAL error (fatal() is False).
+        if not (isinstance(exc, KafkaException) and err is not None
+                and (err.fatal() or err.code() == KafkaError._FATAL)):
+            raise exc
+        self.fatal.append(err.name())
+        old = self.producer
+        with contextlib.suppress(Exception):
+            old.purge(in_queue=True, in_flight=True)
+            old.poll(0)
+        self.retired.append(old)
+        self.producer = self.factory(self.config)
+
+    def produce(self, *args, **kwargs) -> None:
+        from confluent_kafka import KafkaException
+
+        for _ in range(3):
+            try:
+                self.producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                self.poll(0.01)
+            except KafkaException as exc:
+                self._renew(exc)
+
+    def poll(self, timeout: float = 0) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.poll(timeout)
+        except KafkaException as exc:
+            self._renew(exc)
+
+    def list_topics(self, timeout: float):
+        return self.producer.list_topics(timeout=timeout)
+
+    def purge(self, **kwargs) -> None:
+        with contextlib.suppress(Exception):
+            self.producer.purge(**kwargs)
+
+    def flush(self, timeout: float) -> None:
+        from confluent_kafka import KafkaException
+
+        for p in [*self.retired, self.producer]:
+            with contextlib.suppress(KafkaException):
+                p.flush(timeout)
+
+
+def _wait_until(target_us: int, producers) -> None:
+    while True:
+        left = target_us - _now_us()
+        if left <= 0:
+            return
+        for pr in producers:
+            pr.poll(0)
+        time.sleep(min(left / 1e6, 0.002))
+
+
+def _inject(cluster: KafkaCluster, kind: Kind, broker: int, state: dict[int, str]) -> None:
+    if kind is Kind.CRASH:
+        state[broker] = "down"
+        cluster.crash(broker)
+    elif kind is Kind.SHUTDOWN:
+        state[broker] = "down"
+        cluster.shutdown_begin(broker)
+    elif kind is Kind.RESTART:
+        cluster.restart(broker)
+        state[broker] = "up"
+    elif kind is Kind.ISOLATE:
+        state[broker] = "isolated"
+        cluster.isolate(broker)
+    elif kind is Kind.HEAL:
+        cluster.heal(broker)
+        state[broker] = "up"
+
+
+def _wait_leaders(admin, policies: list[KafkaPolicy], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=5)
+        ok = all(topic_of(i) in md.topics and len(md.topics[topic_of(i)].partitions) == p.partitions
+                 and all(pm.leader >= 0 for pm in md.topics[topic_of(i)].partitions.values())
+                 for i, p in enumerate(policies))
+        if ok:
+            return
+        time.sleep(0.3)
+    raise RuntimeError("the testbed topics have no leaders after creation")
+
+
+def _wait_settled(admin, policies: list[KafkaPolicy], timeout_s: float) -> None:
+    """Every partition led and its ISR full again (or the timeout: offline partitions stay offline)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            md = admin.list_topics(timeout=5)
+            pms = [pm for i in range(len(policies)) for pm in md.topics[topic_of(i)].partitions.values()]
+            if all(pm.leader >= 0 and len(pm.isrs) == len(pm.replicas) for pm in pms):
+                return
+        except Exception:  # metadata while brokers rejoin: ask again
+            pass
+        time.sleep(0.5)
+    log.warning("partitions not fully in sync %.0f s after recovery; reading what is committed", timeout_s)
+
+
+def read_back(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int, int]]:
+    """Every record of every partition from the beginning to the high watermark: msg_id -> (partition,
+    offset, LogAppendTime ms). The verifying consumer of SPEC §12."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"replab-verify-{topic}-{time.time_ns()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0,
+                         "isolation.level": "read_uncommitted"})
+    out: dict[int, tuple[int, int, int]] = {}
+    try:
+        highs = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        todo = {p for p, h in highs.items() if h > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        deadline = time.monotonic() + 60
+        while todo and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=1.0):
+                if m.error():
+                    continue
+                mid = int(m.value().split(b":", 1)[0])
+                out.setdefault(mid, (m.partition(), m.offset(), m.timestamp()[1]))
+                if m.offset() + 1 >= highs[m.partition()]:
+                    todo.discard(m.partition())
+        if todo:
+            raise RuntimeError(f"{topic}: partitions {sorted(todo)} not read to their high watermark in 60 s")
+    finally:
+        consumer.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the trace
+def _away_at(faults: list[tuple[int, Kind, int]]):
+    """broker -> sorted (ts_us, away?) transitions: down or isolated brokers send no replicate event."""
+    trans: dict[int, list[tuple[int, bool]]] = defaultdict(list)
+    for t, kind, b in faults:
+        trans[b].append((t, kind not in (Kind.RESTART, Kind.HEAL)))
+
+    def away(b: int, t: int) -> bool:
+        state = False
+        for ft, a in trans.get(b, ()):
+            if ft <= t:
+                state = a
+        return state
+    return away
+
+
+def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
+    """(ts_us, broker, upto_us) from the samples: one per follower sample (module docstring).
+
+    A follower whose log end is LEO in a partition holds every record below LEO: everything its leader appended
+    before the record at offset LEO (LogAppendTime, ms), or everything up to the sample if there is none yet.
+    The broker's upto_us is the minimum over the partitions it follows (of every topic: a follower fetches all
+    of them from a leader in one request, so they share a position in time). Records truncated later are known
+    from the producers' delivery reports (offset and append time), the others from the verifying consumer.
+    """
+    known: dict[tuple[str, int, int], list[int]] = defaultdict(list)  # (topic, partition, offset) -> [append_us]
+    for i, deliveries in enumerate(rec.deliveries):
+        for mid, d in deliveries.items():
+            if d.offset is not None and d.append_ms is not None:
+                known[(topic_of(i), rec.partition[i][mid], d.offset)].append(d.append_ms * 1000 - rec.t0_us)
+    for i, reads in enumerate(rec.reads):
+        for _, (p, off, ms) in reads.items():
+            known[(topic_of(i), p, off)].append(ms * 1000 - rec.t0_us)
+    replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
+    away = _away_at(rec.faults)
+
+    out = []
+    leads: dict[int, set[tuple[str, int]]] = {}  # each broker's latest view of what it leads
+    last: dict[int, int] = {}
+    for s in sorted(rec.samples, key=lambda s: s.ts_us):
+        leads[s.broker] = s.leads
+        if away(s.broker, s.ts_us):
+            continue
+        upto, follows = s.ts_us, False
+        for key, leo in s.leo.items():
+            if s.broker not in replicas.get(key, ()) or key in s.leads:
+                continue
+            leaders = {b for b, ls in leads.items() if key in ls and b != s.broker and not away(b, s.ts_us)}
+            if not leaders:
+                continue  # no reachable leader: nothing to fetch from (SPEC §2.2)
+            follows = True
+            # The record at offset LEO as it was at the sample: appended at or before it (the latest such).
+            cands = [a for a in known.get((*key, leo), []) if a <= s.ts_us]
+            if cands:
+                upto = min(upto, max(cands) - 1)
+        if not follows:
+            continue
+        upto = max(0, min(upto, s.ts_us), last.get(s.broker, 0))
+        last[s.broker] = upto
+        out.append((s.ts_us, s.broker, upto))
+    return out
+
+
+def write_trace(rec: Recording, out: Path) -> Manifest:
+    """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet."""
+    sch = rec.schedule
+    last_fault = max((t for t, _, _ in rec.faults), default=0)
+    last_send = max(rec.sent_us.values(), default=0)
+    duration = max(sch.duration_us, last_fault, last_send)
+    restarts: dict[int, int] = {}
+    for t, kind, b in rec.faults:
+        if kind is Kind.RESTART:
+            restarts[b] = t
+    rows: list[tuple] = []
+    for mid, t in rec.sent_us.items():
+        rows.append((t, Kind.PRODUCE, None, mid))
+    for t, kind, b in rec.faults:
+        rows.append((t, kind, b, None))
+    reps = []
+    for t, b, upto in replicate_events(rec):
+        if t <= duration:
+            reps.append((t, b, upto))
+    produce = {int(m): j for j, m in enumerate(sch.produce["msg_id"].to_pylist())}
+    keys = sch.produce["key"].to_pylist()
+    sizes = sch.produce["size_bytes"].to_pylist()
+    prods = sch.produce["producer_id"].to_pylist()
+    cols: dict[str, list] = {n: [] for n in EVENT_ARROW_SCHEMA.names}
+    events = [(t, int(k), m if m is not None else -1, b if b is not None else -1, "f", m, b) for t, k, b, m in rows]
+    events += [(t, int(Kind.REPLICATE), -1, b, "r", upto, b) for t, b, upto in reps]
+    events.sort(key=lambda e: (e[0], e[1], e[2], e[3]))
+    for t, k, _, _, what, val, b in events:
+        kind = Kind(k)
+        cols["ts_us"].append(t)
+        cols["kind"].append(kind.label)
+        if kind is Kind.PRODUCE:
+            j = produce[val]
+            cols["broker"].append(None)
+            cols["msg_id"].append(val)
+            cols["key"].append(keys[j])
+            cols["size_bytes"].append(sizes[j])
+            cols["producer_id"].append(prods[j])
+            cols["upto_us"].append(None)
+        else:
+            cols["broker"].append(b)
+            cols["msg_id"].append(None)
+            cols["key"].append(None)
+            cols["size_bytes"].append(None)
+            cols["producer_id"].append(None)
+            cols["upto_us"].append(val if what == "r" else None)
+    table = pa.Table.from_pydict(cols, schema=EVENT_ARROW_SCHEMA)
+    manifest = Manifest(sch.trace_id, sch.brokers, duration, None, sch.generator)
+    (out / "events").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out / "events" / "part-000000.parquet")
+    manifest.write(out)
+    return manifest
+
+
+def run_cluster(schedule: Schedule, policies: list[KafkaPolicy], workdir: Path, tag: str, *,
+                progress=print) -> Recording:
+    from testbed.jars import ensure_jars
+
+    settings = broker_settings(policies, schedule.fetch_ms)
+    for i, p in enumerate(policies):
+        if p.replication_factor > len(schedule.brokers):
+            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): replication_factor {p.replication_factor} > "
+                           f"{len(schedule.brokers)} brokers", rule="testbed-policy")
+    jars = ensure_jars(log=progress)
+    t = time.monotonic()
+    with KafkaCluster(jars, [b.id for b in schedule.brokers], settings, workdir, tag) as cluster:
+        cluster.wait_ready()
+        started = time.monotonic() - t
+        progress(f"Kafka {jars.version}: controller + {len(schedule.brokers)} brokers ready in {started:.1f} s "
+                 f"({', '.join(cluster.address(broker_name(b)) for b in cluster.brokers)})")
+        rec = record(cluster, schedule, policies, progress=progress)
+        rec.wall_s["cluster_start"] = started
+        rec.pgids = list(cluster.started_pgids)
+        rec.tag = tag
+    rec.wall_s["cluster_total"] = time.monotonic() - t
+    return rec
