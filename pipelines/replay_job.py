@@ -306,6 +306,8 @@ class ReplayRequest:
     summary_json: str | None = None
     checkpoint: str | None = None
     allowed_lateness_ms: int = 0
+    #: The policies as typed (MLflow run names: a preset name rather than the canonical string)
+    labels: list[str] | None = None
 
 
 def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
@@ -336,7 +338,7 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             from pipelines import tracking
 
             tracker = tracking.ReplayTracker.start(request.tracking_uri, request.experiment or manifest.trace_id,
-                                                   manifest, runs, mode=request.mode)
+                                                   manifest, runs, mode=request.mode, labels=request.labels)
         step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
         frames = replay_frames(spark, manifest, events, runs, request.window_ms)
         try:
@@ -427,7 +429,7 @@ def cli(args: argparse.Namespace) -> int:
         trace=args.trace, policies=args.policies, lakehouse=args.lakehouse, window_ms=args.window_ms,
         mode=args.mode, tracking_uri=args.tracking_uri, experiment=args.experiment,
         mlflow=not args.no_mlflow, summary_json=args.summary_json, checkpoint=args.checkpoint,
-        allowed_lateness_ms=args.allowed_lateness_ms)
+        allowed_lateness_ms=args.allowed_lateness_ms, labels=list(args.policy))
     spark = get_spark("replab-replay")
     if request.mode == "stream":
         from pipelines.stream_job import run_stream_replay

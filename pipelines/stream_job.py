@@ -494,7 +494,7 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
         from pipelines import tracking
 
         tracker = tracking.ReplayTracker.start(request.tracking_uri, request.experiment or manifest.trace_id,
-                                               manifest, runs, mode="stream")
+                                               manifest, runs, mode="stream", labels=request.labels)
     if not ck.final_written:
         _run_query(spark, tf, plan, ck, request, step, live, files_per_trigger, live_trigger_seconds, runs,
                    lakehouse, tracker)
