@@ -153,8 +153,9 @@ def stored_rows(lakehouse, sweep_id: str) -> list[dict[str, Any]] | None:
     marker = lakehouse.read("sweeps").where(F.expr(f"sweep_id = {sql_string(sweep_id)}")).collect()
     if not marker or marker[0]["status"] != SUCCEEDED:
         return None
-    return (lakehouse.read("sweep_results").where(F.expr(f"sweep_id = {sql_string(sweep_id)}")).toArrow()
+    rows = (lakehouse.read("sweep_results").where(F.expr(f"sweep_id = {sql_string(sweep_id)}")).toArrow()
             .to_pylist())
+    return [{**r, "duration_us": marker[0]["duration_us"]} for r in rows]  # the trace length is the sweep's
 
 
 def publish(lakehouse, sweep_id: str, rows: list[dict[str, Any]], sweep_row: dict[str, Any]) -> None:
