@@ -24,7 +24,6 @@ the seed count, so the Spark UI shows one job whatever N is.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -47,14 +46,19 @@ worker_imports.install()
 TASK_WAVES = 4
 OK, FATAL = "ok", "fatal"
 
-_SUMMARY_TYPES = {name: typ for name, typ, _ in TABLES["run_summary"].fields}
-RESULT_DDL = ", ".join([
-    "seed BIGINT", "trace_id STRING", "policy_idx INT", "policy STRING", "status STRING", "events BIGINT",
-    "gate_fatal_rows BIGINT", "gate_quarantined_rows BIGINT", "gate_rules STRING", "duration_us BIGINT",
-    "task_seconds DOUBLE",
-    *[f"{name} {_SUMMARY_TYPES[name]}" for name in SUMMARY_FIELDS],
-    "loss_series ARRAY<BIGINT>", "unavailable_series ARRAY<BIGINT>",
+_SUMMARY_ARROW = {f.name: f.type for f in TABLES["run_summary"].arrow_schema()}
+#: One row per (seed, policy) from the executors: identity, the gate's counts, every run_summary field, series.
+RESULT_SCHEMA = pa.schema([
+    ("seed", pa.int64()), ("trace_id", pa.string()), ("policy_idx", pa.int32()), ("policy", pa.string()),
+    ("status", pa.string()), ("events", pa.int64()), ("gate_fatal_rows", pa.int64()),
+    ("gate_quarantined_rows", pa.int64()), ("gate_rules", pa.string()), ("duration_us", pa.int64()),
+    ("task_seconds", pa.float64()),
+    *[(name, _SUMMARY_ARROW[name]) for name in SUMMARY_FIELDS],
+    ("loss_series", pa.list_(pa.int64())), ("unavailable_series", pa.list_(pa.int64())),
 ])
+_DDL_OF = {pa.int64(): "BIGINT", pa.int32(): "INT", pa.string(): "STRING", pa.float64(): "DOUBLE",
+           pa.list_(pa.int64()): "ARRAY<BIGINT>"}
+RESULT_DDL = ", ".join(f"{f.name} {_DDL_OF[f.type]}" for f in RESULT_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -79,28 +83,13 @@ class _Run:
     kernels: dict[int, Any] = field(default_factory=dict)
 
 
-def _arrow_schema() -> pa.Schema:
-    from schemas.tables import _split_top_level
-
-    types = {"BIGINT": pa.int64(), "INT": pa.int32(), "STRING": pa.string(), "DOUBLE": pa.float64(),
-             "ARRAY<BIGINT>": pa.list_(pa.int64())}
-    out = []
-    for part in _split_top_level(RESULT_DDL):
-        name, typ = part.strip().split(" ", 1)
-        out.append(pa.field(name, types[typ.strip()]))
-    return pa.schema(out)
-
-
-RESULT_SCHEMA = _arrow_schema()
-
-
 def slug(text: str) -> str:
     """A file-name-safe form of a trace id or sweep name."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "sweep"
 
 
 # ----------------------------------------------------------------------------------------------- one seed
-def _runs(spec: SweepSpec, manifest, duration_us: int) -> tuple[list[_Run], list[list[_Run]]]:
+def plan_runs(spec: SweepSpec, manifest, duration_us: int) -> tuple[list[_Run], list[list[_Run]]]:
     from replay.families import family_of
 
     runs, classes = [], {}
@@ -118,7 +107,7 @@ def _runs(spec: SweepSpec, manifest, duration_us: int) -> tuple[list[_Run], list
     return runs, list(classes.values())
 
 
-def _control(plan):
+def control_of(plan):
     from replay.events import PartitionEvents
     from replay.local import control_events
 
@@ -128,7 +117,7 @@ def _control(plan):
                                           plan.fault_broker[order].astype(np.int64), np.zeros(len(order), np.int64)))
 
 
-def _feed(table: pa.Table, until_us: int, classes: list[list[_Run]], manifest, control) -> None:
+def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manifest, control) -> None:
     """Route one chunk's events and advance every kernel to `until_us` (all events are before it)."""
     from replay.events import PartitionEvents
     from replay.families import RouteInput, family_of
@@ -238,21 +227,16 @@ def summarize(run: _Run, results: Sequence[Any], duration_us: int, window_us: in
 
 def _keep_trace(spec: SweepSpec, plan, manifest, tables: Iterator[tuple[int, pa.Table]]) -> Iterator[pa.Table]:
     """Pass the chunks through, writing them as `replab generate` lays a trace out (manifest last)."""
-    import pyarrow.parquet as pq
+    from generators.generate import COMPLETE_MARKER, clear_trace, write_part
 
-    from generators.generate import _PARQUET_OPTIONS, COMPLETE_MARKER, PART_NAME, _clear_trace
-
-    out = os.path.join(spec.traces_dir, slug(plan.trace_id))
-    _clear_trace(Path(out))
-    events = os.path.join(out, "events")
-    os.makedirs(events, exist_ok=True)
+    out = Path(spec.traces_dir) / slug(plan.trace_id)
+    clear_trace(out)
+    events = out / "events"
+    events.mkdir(parents=True, exist_ok=True)
     for c, table in tables:
-        tmp = os.path.join(events, f".{PART_NAME.format(c)}.tmp")
-        pq.write_table(table, tmp, **_PARQUET_OPTIONS)
-        os.replace(tmp, os.path.join(events, PART_NAME.format(c)))
+        write_part(table, c, str(events))
         yield table
-    with open(os.path.join(events, COMPLETE_MARKER), "w") as fh:
-        fh.write(json.dumps({"files": plan.n_chunks}) + "\n")
+    (events / COMPLETE_MARKER).write_text(json.dumps({"files": plan.n_chunks}) + "\n")
     manifest.write(out)
 
 
@@ -264,8 +248,8 @@ def seed_rows(spec: SweepSpec, seed: int) -> list[dict[str, Any]]:
     started = time.monotonic()
     plan = build_plan(spec.scenario, seed, spec.scale)
     manifest = manifest_for(plan)
-    runs, classes = _runs(spec, manifest, plan.duration_us)
-    control = _control(plan)
+    runs, classes = plan_runs(spec, manifest, plan.duration_us)
+    control = control_of(plan)
     rules = TraceRules(manifest)
     fatal = False
     chunks: Iterator[tuple[int, pa.Table]] = ((c, chunk_table(plan, c)[0]) for c in range(plan.n_chunks))
@@ -281,7 +265,7 @@ def seed_rows(spec: SweepSpec, seed: int) -> list[dict[str, Any]]:
         if verdict.quarantine.any():
             table = table.filter(pa.array(~verdict.quarantine))
         _, hi, last = plan.chunk_span(c)
-        _feed(table, plan.duration_us + 1 if last else hi, classes, manifest, control)
+        feed_chunk(table, plan.duration_us + 1 if last else hi, classes, manifest, control)
 
     common = {"seed": seed, "trace_id": plan.trace_id, "events": events, "gate_fatal_rows": rules.fatal_rows,
               "gate_quarantined_rows": rules.quarantined_rows,
