@@ -219,6 +219,10 @@ def run_sweep(spark, request: SweepRequest, *, log: Callable[[str], None] | None
             "fatal_seeds": fatal, "started_at": started, "finished_at": dt.datetime.now(dt.UTC),
             "replab_version": __version__})
 
+    # Seed order whatever the source (a Delta read has none): the bootstrap's fixed random state then gives the
+    # same interval for a reused sweep as for the run that wrote it.
+    order = {c: i for i, c in enumerate(canonical)}
+    rows.sort(key=lambda r: (r["seed"], order[r["policy"]]))
     duration_s = float(rows[0]["duration_us"]) / 1e6
     by_policy: dict[str, list[dict[str, Any]]] = {c: [] for c in canonical}
     for r in rows:
