@@ -31,7 +31,8 @@ from bench.procs import emit
 from bench.procs import vm_hwm_mb as _vm_hwm_mb
 from bench.procs import worker_peak_mb as _worker_peak_mb
 from generators.generate import generate_trace
-from generators.scenario import Scenario, resolve_scenario
+from generators.library import resolve_scenario
+from generators.model import Scenario
 
 DEFAULT_SIZES = (1_000_000, 10_000_000)
 
@@ -69,7 +70,7 @@ def scale_for(scenario: Scenario, events: int) -> float:
 
 def run(sizes=DEFAULT_SIZES, *, scenario: str = "steady-state", seed: int = 1, workdir: str | None = None,
         log=print) -> list[BenchRow]:
-    from pipelines.session import get_spark
+    from storage.session import get_spark
 
     spark = get_spark("replab-bench-generate", master="local[2]", shuffle_partitions=2)
     jvm_pid = getattr(getattr(spark.sparkContext._gateway, "proc", None), "pid", None)

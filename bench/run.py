@@ -28,7 +28,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "generate": ("bench.generate_bench", [], ["--sizes", "1e6"]),
     "spark": ("bench.spark_bench", ["--sizes", "1e6,1e7"], ["--sizes", "2e5", "--skip-full"]),
     "stream": ("bench.stream_bench", [], []),
-    "dledger-vs-kafka": ("bench.dledger_vs_kafka", [], []),
+    "dledger-vs-kafka": ("report.dledger_vs_kafka", [], []),
 }
 
 

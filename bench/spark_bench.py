@@ -54,7 +54,7 @@ def floor_job(spark, trace: Path, out: str) -> int:
     """Read, partition (key hash / broker), shuffle by partition, sort by time, write one row per message."""
     from pyspark.sql import functions as F
 
-    from pipelines.trace_loader import read_events_spark
+    from storage.trace_loader import read_events_spark
 
     _, events = read_events_spark(spark, trace)
     partitions = 12
@@ -70,9 +70,10 @@ def floor_job(spark, trace: Path, out: str) -> int:
 
 def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
     """The replay core of `replab replay` for these policies, writing message_outcomes (no gates, no windows)."""
-    from pipelines.replay_job import policy_runs, replay_frames
-    from pipelines.trace_loader import read_events_spark
+    from engine.plan import policy_runs
+    from engine.replay import replay_frames
     from replay.policies import parse_policy
+    from storage.trace_loader import read_events_spark
 
     manifest, events = read_events_spark(spark, trace)
     runs = policy_runs([parse_policy(p) for p in policy_texts], manifest)
@@ -85,7 +86,8 @@ def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
 
 
 def full_replay(spark, trace: Path, policy_texts: list[str], lakehouse: str) -> int:
-    from pipelines.replay_job import ReplayRequest, run_replay
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
     from replay.policies import parse_policy
 
     report = run_replay(spark, ReplayRequest(str(trace), [parse_policy(p) for p in policy_texts],
@@ -96,9 +98,9 @@ def full_replay(spark, trace: Path, policy_texts: list[str], lakehouse: str) -> 
 def run(sizes: list[int], *, skip_full: bool = False, log=print) -> list[Row]:
     from bench.generate_bench import scale_for
     from generators.generate import generate_trace
-    from generators.scenario import resolve_scenario
-    from pipelines.session import get_spark
+    from generators.library import resolve_scenario
     from replay.policies import parse_policy, presets
+    from storage.session import get_spark
 
     spark = get_spark("replab-bench-spark", master="local[2]", shuffle_partitions=4)
     pid = jvm_pid(spark)

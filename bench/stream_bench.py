@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.generate_bench import _cpu_seconds, scale_for
-from bench.procs import emit
+from bench.generate_bench import scale_for
+from bench.procs import cpu_seconds, emit
 from generators.generate import generate_trace
-from generators.scenario import resolve_scenario
+from generators.library import resolve_scenario
 
 DEFAULT_SIZES = (1_000_000,)
 
@@ -56,8 +56,8 @@ class StreamBenchRow:
 
 def replay(spark, trace: Path, lakehouse: Path, policy: str, files_per_trigger: int) -> tuple[float, float, int]:
     """(wall seconds of the whole replay, of its streaming part, micro-batches)."""
-    from pipelines.replay_job import ReplayRequest
-    from pipelines.stream_job import run_stream_replay
+    from engine.plan import ReplayRequest
+    from engine.stream.query import run_stream_replay
     from replay.policies import parse_policy
 
     marks: dict[str, float] = {}
@@ -82,7 +82,7 @@ def replay(spark, trace: Path, lakehouse: Path, policy: str, files_per_trigger: 
 
 def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: int = 250_000,
         files_per_trigger: int = 4, seed: int = 1, workdir: str | None = None, log=print) -> list[StreamBenchRow]:
-    from pipelines.session import get_spark
+    from storage.session import get_spark
 
     spark = get_spark("replab-bench-stream", master="local[2]", shuffle_partitions=2)
     jvm_pid = getattr(getattr(spark.sparkContext._gateway, "proc", None), "pid", None)
@@ -97,7 +97,7 @@ def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: in
             trace = root / f"trace-{int(target)}"
             result = generate_trace(spark, sc, seed=seed, scale=scale_for(sc, int(target)), out=trace,
                                     target_events_per_chunk=events_per_file)
-            cpu_before = _cpu_seconds(jvm_pid)
+            cpu_before = cpu_seconds(jvm_pid)
             seconds, stream_seconds, batches = replay(spark, trace, root / f"lakehouse-{int(target)}", policy,
                                                       files_per_trigger)
             row = StreamBenchRow(
@@ -105,7 +105,7 @@ def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: in
                 files_per_trigger=files_per_trigger, policy=policy, seconds=round(seconds, 2),
                 stream_seconds=round(stream_seconds, 2), micro_batches=batches,
                 events_per_s=round(result.events / seconds), stream_events_per_s=round(result.events / stream_seconds),
-                cpu_seconds=round(_cpu_seconds(jvm_pid) - cpu_before, 2), load_avg_1m=round(os.getloadavg()[0], 2))
+                cpu_seconds=round(cpu_seconds(jvm_pid) - cpu_before, 2), load_avg_1m=round(os.getloadavg()[0], 2))
             rows.append(row)
             log(f"{row.events:>12,} events  {row.policy}  end to end {row.seconds:7.1f} s = "
                 f"{row.events_per_s:,.0f} events/s  stream {row.stream_seconds:6.1f} s = "

@@ -3,7 +3,7 @@
 - **replay core, one seed** (no Spark, one core): route the seed's trace and replay it under the policies with
   the chunked kernels, then compute the run_summary figures: the work a sweep cannot avoid per seed. The trace
   is generated before the clock starts; the mean over `--core-seeds` seeds.
-- **sweep job, N seeds** (`pipelines.sweep_engine.run_sweep_job` on the session's master): generation, trace
+- **sweep job, N seeds** (`engine.sweep.run_sweep_job` on the session's master): generation, trace
   rules, replay and figures of every seed inside ONE Spark job; wall and CPU seconds for a small and a large N.
   The marginal cost per seed is (T(N) − T(n)) / (N − n) in wall seconds, times the cores the job ran on, in
   core-seconds: the figure to hold against the replay core (target ≤ 1.2×).
@@ -33,8 +33,8 @@ class Row:
 
 def core_seconds(spec, seeds: list[int]) -> float:
     """Mean seconds of one seed's replay core (routing, kernels, figures), trace generated beforehand."""
+    from engine.sweep import control_of, feed_chunk, plan_runs, summarize
     from generators.generate import build_plan, chunk_table, manifest_for
-    from pipelines.sweep_engine import control_of, feed_chunk, plan_runs, summarize
 
     total = 0.0
     for seed in seeds:
@@ -55,10 +55,10 @@ def core_seconds(spec, seeds: list[int]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from generators.scenario import resolve_scenario
-    from pipelines.session import get_spark
-    from pipelines.sweep_engine import SweepSpec, run_sweep_job
+    from engine.sweep import SweepSpec, run_sweep_job
+    from generators.library import resolve_scenario
     from replay.policies import parse_policy, presets_of
+    from storage.session import get_spark
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="demo")

@@ -13,7 +13,7 @@ from replay.invariants import durability_covered
 
 
 def checks(spark, runs: Sequence[Any], message_outcomes, partition_states, control) -> list[NamedCheck]:
-    """`runs`: pipelines.replay_job.PolicyRun; `control`: the trace's fault timeline (replay.events)."""
+    """`runs`: engine.replay.PolicyRun; `control`: the trace's fault timeline (replay.events)."""
     from pyspark.sql import functions as F
 
     covered = [(r.run_id, p) for r in runs

@@ -1,5 +1,5 @@
 """The output gate (SPEC §7, §9): Great Expectations suites over a replay's DataFrames, run BEFORE any of the
-run's tables is replaced ("validate before write", see `pipelines.lakehouse.Lakehouse.publish_runs`).
+run's tables is replaced ("validate before write", see `storage.lakehouse.Lakehouse.publish_runs`).
 
 Expectations (targets are the run DataFrames; every target holds all runs of one replay invocation):
 - message_outcomes: latency_us ≥ 0; one row per (run_id, msg_id); status and fate labels known.

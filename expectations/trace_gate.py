@@ -15,7 +15,7 @@ the same broker since its last restart that the replay applies (reports quaranti
 broker is down or isolated do not count).
 
 Rows are located by `_file` and `_row` (1-based data row within the file; a CSV header is not counted), which
-`pipelines.trace_loader.read_events_spark(..., with_location=True)` provides; DataFrames without them get
+`storage.trace_loader.read_events_spark(..., with_location=True)` provides; DataFrames without them get
 nulls ("where known").
 """
 
@@ -466,12 +466,12 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     rule raises BadInput (exit 2) naming file, row and rule, after writing the report files but nothing to
     any table. Otherwise the quarantined rows replace this trace's rows in `quarantine` and the gate run lands
     in `validations` (one row per run id, or one trace-level row; `defer_validations`: with the lakehouse's
-    next validations write, e.g. the output gate's, in one commit). `lakehouse`: a `pipelines.lakehouse.
+    next validations write, e.g. the output gate's, in one commit). `lakehouse`: a `storage.lakehouse.
     Lakehouse`, a root path, or None (no tables; reports under `reports_root` if given).
     """
     from expectations.report import report_dir, write_report
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.trace_loader import locate, read_events_spark
+    from storage.lakehouse import Lakehouse
+    from storage.trace_loader import locate, read_events_spark
 
     # Opened without creating tables: a refused trace must not add a table version anywhere (SPEC §2.3).
     lh = Lakehouse(lakehouse, spark=spark, create=False) if isinstance(lakehouse, str | Path) else lakehouse

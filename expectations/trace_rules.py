@@ -1,6 +1,6 @@
 """The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk, without Spark.
 
-A sweep generates every seed's trace inside a Spark task (`pipelines/sweep_engine.py`), where there is no Spark
+A sweep generates every seed's trace inside a Spark task (`engine/sweep.py`), where there is no Spark
 to run `expectations.trace_gate.annotate` on. This is the same rule set, named by the same `RULES`, evaluated
 with numpy over the chunks of one trace in file order, with each broker's state carried from one chunk to the
 next (down, isolated, incarnation, the largest applied upto_us since the last restart) and the msg_ids seen so

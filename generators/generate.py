@@ -66,7 +66,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from generators.scenario import Dist, DistKind, RateShape, Scenario, ShapeKind
+from generators.model import Dist, DistKind, RateShape, Scenario, ShapeKind
 from generators.timeline import (
     STREAM_SHAPE,
     US_PER_MS,
@@ -560,7 +560,7 @@ class GenerateResult:
 
 
 def manifest_for(plan: TracePlan) -> Manifest:
-    from pipelines import __version__
+    from schemas.version import __version__
 
     sc = plan.scenario
     generator = {

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from generators.scenario import Dist, FaultKind, RandomFault, Scenario, ScheduledFault
+from generators.model import Dist, FaultKind, RandomFault, Scenario, ScheduledFault
 from schemas.trace import STOP_KINDS, Kind
 
 US_PER_MS = 1000
@@ -215,7 +215,7 @@ def _random_episodes(scenario: Scenario, seed: int, scale: float
                 members = [b.id for b in scenario.brokers if b.rack == rack]
                 for t, down in _poisson_episodes(rng, fault.mtbf_s, horizon_s, fault.mttr_s):
                     stagger = rng.random(len(members)) * 0.1 * down  # machines boot at slightly different times
-                    for b, extra in zip(members, stagger):
+                    for b, extra in zip(members, stagger, strict=True):
                         out.append((to_us(t, US_PER_S, scale), kind, b, to_us(t + down + extra, US_PER_S, scale),
                                     recovery))
         elif name == "rolling_restart":

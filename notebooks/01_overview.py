@@ -60,8 +60,8 @@ print(f"workdir {workdir}; policies: {policy_texts}; MLflow: {use_mlflow}")
 # COMMAND ----------
 
 from generators.generate import generate_trace
-from generators.scenario import resolve_scenario
-from pipelines.trace_loader import locate
+from generators.library import resolve_scenario
+from storage.trace_loader import locate
 
 if trace_param:
     trace_dir = trace_param
@@ -83,7 +83,9 @@ print(f"trace {manifest.trace_id}: {len(manifest.brokers)} brokers, {manifest.du
 # COMMAND ----------
 
 from pipelines.demo_job import fitting_presets
-from pipelines.replay_job import ReplayRequest, run_replay
+from engine.plan import ReplayRequest
+from engine.replay import run_replay
+from report.figures import run_figures
 from replay.policies import parse_policy
 
 policies = []
@@ -100,7 +102,7 @@ for text in policy_texts:
 tracking_uri = env.param("tracking_uri", "") or None
 report = run_replay(spark, ReplayRequest(trace=trace_dir, policies=policies, lakehouse=str(lakehouse_dir),
                                          window_ms=window_ms, mlflow=use_mlflow, tracking_uri=tracking_uri,
-                                         experiment=manifest.trace_id),
+                                         experiment=manifest.trace_id, figures=run_figures),
                     progress=lambda text: print(f"[replay] {text}"))
 print(f"{len(report.runs)} runs in {report.lakehouse}; {report.quarantined} trace rows quarantined")
 
@@ -130,8 +132,9 @@ env.show(comparison, "comparison")
 
 # COMMAND ----------
 
-from pipelines import plots, report_data
-from pipelines.lakehouse import Lakehouse
+from report import plots
+from storage import report_data
+from storage.lakehouse import Lakehouse
 
 lakehouse = Lakehouse(report.lakehouse, spark, create=False)
 run_ids = [r.run_id for r in report.runs]

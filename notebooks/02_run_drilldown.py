@@ -31,7 +31,7 @@ except ImportError:  # a plain `python notebooks/02_run_drilldown.py` from a che
 import matplotlib.pyplot as plt
 from pyspark.sql import functions as F
 
-from pipelines.lakehouse import Lakehouse
+from storage.lakehouse import Lakehouse
 from pipelines.notebook_env import notebook_env
 
 env = notebook_env(globals(), "02_run_drilldown")
@@ -89,7 +89,8 @@ env.show(pd.DataFrame([summary]), "run summary")
 
 # COMMAND ----------
 
-from pipelines import plots, report_data
+from report import plots
+from storage import report_data
 
 duration_us = int(lakehouse.read("loss_metrics").where(F.col("run_id") == run_id)
                   .agg(F.max("window_end_us")).first()[0] or 0)

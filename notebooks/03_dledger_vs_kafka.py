@@ -8,7 +8,7 @@
 # MAGIC
 # MAGIC Traces come from the scenario library: `dledger5-single-failure` (5000 msg/s for 180 s, broker 0 crashes at
 # MAGIC 60 s and is back at 120 s) and `dledger5-double-failure` (broker 1 also crashes, at 75 s, back at 135 s).
-# MAGIC Both are replayed under DLedger and five Kafka configurations (`bench/dledger_vs_kafka.py`'s list, the same
+# MAGIC Both are replayed under DLedger and five Kafka configurations (`report/dledger_vs_kafka.py`'s list, the same
 # MAGIC one its README table uses), through the full Spark pipeline. What the rules predict (SPEC §3.2, §3.4):
 # MAGIC
 # MAGIC - DLedger loses nothing it acknowledged, but the whole topic stops for each election: the loss of a leader is
@@ -35,7 +35,7 @@ except ImportError:  # a plain `python notebooks/03_dledger_vs_kafka.py` from a 
 import pandas as pd
 from pyspark.sql import functions as F
 
-from bench.dledger_vs_kafka import POLICIES, SCENARIOS
+from report.dledger_vs_kafka import POLICIES, SCENARIOS
 from pipelines.notebook_env import notebook_env, split_list
 
 env = notebook_env(globals(), "03_dledger_vs_kafka")
@@ -62,9 +62,11 @@ print(f"scenarios {scenarios}, seed {seed}, scale {scale:g}; DLedger: {DLEDGER};
 # COMMAND ----------
 
 from generators.generate import generate_trace
-from generators.scenario import resolve_scenario
-from pipelines.lakehouse import Lakehouse
-from pipelines.replay_job import ReplayRequest, run_replay
+from generators.library import resolve_scenario
+from storage.lakehouse import Lakehouse
+from engine.plan import ReplayRequest
+from engine.replay import run_replay
+from report.figures import run_figures
 from replay.policies import parse_policy
 
 lakehouse = Lakehouse(workdir / "lakehouse", spark, create=False)
@@ -75,7 +77,7 @@ for name in scenarios:
                                out=workdir / "traces" / f"{name}-s{seed}-x{scale:g}")
     report = run_replay(spark, ReplayRequest(trace=str(generated.trace_dir), policies=policies,
                                              lakehouse=str(lakehouse.root), mlflow=use_mlflow,
-                                             experiment=generated.manifest.trace_id),
+                                             experiment=generated.manifest.trace_id, figures=run_figures),
                         progress=lambda text, name=name: print(f"[{name}] {text}"))
     errors = (lakehouse.read("message_outcomes")
               .where(F.col("run_id").isin([r.run_id for r in report.runs]) & (F.col("status") == "failed"))

@@ -13,7 +13,7 @@
 # MAGIC - the **ack p99** latency: the median over seeds of each seed's p99 (bootstrap).
 # MAGIC
 # MAGIC With an `slo`, the cheapest policy whose intervals meet every term is recommended (`replab recommend`).
-# MAGIC (`pipelines/sweep_estimates.py` documents the methods; `replab sweep` is the same job from the command line.)
+# MAGIC (`engine/sweep_estimates.py` documents the methods; `replab sweep` is the same job from the command line.)
 # MAGIC
 # MAGIC | parameter | default | meaning |
 # MAGIC |---|---|---|
@@ -66,7 +66,7 @@ workdir = env.workdir
 # COMMAND ----------
 
 from pipelines.sweep_job import print_sweep
-from pipelines.sweep_run import SweepRequest, run_sweep
+from engine.sweep_run import SweepRequest, run_sweep
 
 sweep = run_sweep(spark, SweepRequest(scenario=scenario, seeds=seeds, policies=policies, labels=labels,
                                       scale=scale, first_seed=first_seed, out=str(env.out), lakehouse=str(workdir / "lakehouse"),
@@ -89,12 +89,12 @@ print(f"results: {sweep.json_path}, {sweep.csv_path}" + (f"; MLflow experiment {
 
 # COMMAND ----------
 
-from pipelines.recommend import parse_slo, recommend
+from engine.recommend import parse_slo, recommend
 
 recommendation = recommend(sweep.estimates, parse_slo(slo)) if slo else None
 if recommendation is not None:
     from pipelines.recommend_job import print_recommendation
-    from pipelines.terminal import console
+    from report.terminal import console
 
     print_recommendation(recommendation, console())
 

@@ -1,3 +1,10 @@
-"""Spark entry points and the `replab` CLI. Jobs are thin: they route, group, window and write."""
+"""The top floor: the `replab` CLI, the spark-submit jobs (`*_job.py`), `make dist`, the notebooks' set-up. Thin."""
 
-__version__ = "0.1.0"
+from schemas.exports import lazy_exports
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "main": "pipelines.cli",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports("pipelines", _EXPORTS)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Callable, Sequence
 
-from pipelines import __version__
 from schemas.errors import BadInput, ReplabError
+from schemas.version import __version__
 
 EPILOG = """\
 examples:
@@ -166,12 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReplabError as exc:
         print(f"replab {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a full disk, a folder that vanished: one line, exit 1 (SPEC §6.1 "anything else")
+        print(f"replab {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
-
-
-def json_dump(obj: object) -> str:
-    return json.dumps(obj, indent=1, sort_keys=False, default=str)
 
 
 if __name__ == "__main__":  # pragma: no cover

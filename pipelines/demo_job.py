@@ -59,7 +59,7 @@ class DemoLayout:
 
     @property
     def mlruns(self) -> Path:
-        # pipelines.tracking gives experiments it creates in a SQLite store this artifact root.
+        # engine.tracking gives experiments it creates in a SQLite store this artifact root.
         return self.out / "mlruns"
 
     @property
@@ -83,7 +83,7 @@ class DemoResult:
     quarantined: int
     experiment: str
     report_html: Path
-    replay: Any  # pipelines.replay_job.ReplayReport
+    replay: Any  # engine.plan.ReplayReport
     step_seconds: dict[str, float] = field(default_factory=dict)
     detail_seconds: dict[str, float] = field(default_factory=dict)
     skipped_presets: list[tuple[str, str]] = field(default_factory=list)
@@ -99,7 +99,7 @@ def fitting_presets(manifest) -> tuple[list[Any], list[tuple[str, str]]]:
     A preset can need more brokers than a trace has (`dledger-5` needs 5); "every preset" then means every one
     that can run there, and the others are named rather than failing the whole replay.
     """
-    from pipelines.replay_job import policy_runs
+    from engine.plan import policy_runs
     from replay.policies import all_presets
     from schemas.errors import BadInput
 
@@ -158,12 +158,14 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
              seed: int = DEFAULT_SEED, console=None) -> DemoResult:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
     from generators.generate import build_plan, generate_trace
-    from generators.scenario import resolve_scenario
-    from pipelines.compare_job import build_report
-    from pipelines.replay_job import ReplayRequest, run_replay
-    from pipelines.terminal import console as terminal
+    from generators.library import resolve_scenario
     from replay.policies import all_presets
+    from report.compare import build_report
+    from report.figures import run_figures
+    from report.terminal import console as terminal
 
     layout = DemoLayout(Path(out).resolve())
     chosen = resolve_scenario(scenario or DEFAULT_SCENARIO)
@@ -187,7 +189,8 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
         with steps.step("replay", f"trace gate, replay under {len(presets)} presets, Delta tables, MLflow") as detail:
             replay = run_replay(spark, ReplayRequest(
                 trace=str(layout.trace), policies=presets,
-                lakehouse=str(layout.lakehouse), tracking_uri=layout.tracking_uri, experiment=trace_id),
+                lakehouse=str(layout.lakehouse), tracking_uri=layout.tracking_uri, experiment=trace_id,
+                figures=run_figures),
                 progress=detail)
             # The comparison table names presets as conf/policies.yaml does (shorter than canonical forms).
             names = {policy.canonical(): preset.name for preset, policy in all_presets()}
@@ -200,7 +203,7 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
 
 
 def print_result(result: DemoResult, console) -> None:
-    from pipelines.replay_job import print_comparison
+    from report.tables import print_comparison
 
     layout = result.layout
     print_comparison(result.replay, console)
@@ -228,8 +231,8 @@ def print_result(result: DemoResult, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from pipelines.session import get_spark
-    from pipelines.terminal import console as terminal
+    from report.terminal import console as terminal
+    from storage.session import get_spark
 
     console = terminal()
     spark = get_spark("replab-demo")

@@ -20,8 +20,8 @@ from schemas.errors import BadInput
 
 def cli(args: argparse.Namespace) -> int:
     from generators.generate import build_plan, generate_trace
-    from generators.scenario import resolve_scenario
-    from pipelines.session import get_spark
+    from generators.library import resolve_scenario
+    from storage.session import get_spark
 
     scenario = resolve_scenario(args.scenario)
     # Bad --seed/--scale/--live-speed fail here, before a SparkSession starts.

@@ -2,7 +2,7 @@
 
 A notebook calls `env = notebook_env(globals(), "01_overview")` once, then:
 
-- `env.spark`: the notebook's `spark` on Databricks, else `pipelines.session.get_spark` (which returns the
+- `env.spark`: the notebook's `spark` on Databricks, else `storage.session.get_spark` (which returns the
   session already running in the process: the test suite's, when a test runs the notebook with runpy);
 - `env.param(name, default)`: a `dbutils.widgets` text widget on Databricks, else the environment variable
   `REPLAB_NB_<NAME>` (upper case), else the default. Defaults are small, so a local run takes minutes;
@@ -100,7 +100,7 @@ def notebook_env(namespace: Mapping[str, Any] | MutableMapping[str, Any], name: 
         matplotlib.use("Agg")  # a script or a test has no screen; Databricks keeps its own backend
     spark = namespace.get("spark")
     if spark is None:
-        from pipelines.session import get_spark
+        from storage.session import get_spark
 
         spark = get_spark(f"replab-notebook-{name}")
     return NotebookEnv(name, spark, dbutils, namespace.get("display") if dbutils is not None else None)

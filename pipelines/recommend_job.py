@@ -1,7 +1,7 @@
 """`replab recommend`: the cheapest policy whose 95 % intervals meet an SLO, from a sweep (run or reused).
 
 Thin: the SLO and the space are parsed first (bad input exits 2 before any Spark work), the sweep runs or is read
-back from the lakehouse (`pipelines.sweep_run.run_sweep`, `reuse=True`), `pipelines.recommend` decides, and the
+back from the lakehouse (`engine.sweep_run.run_sweep`, `reuse=True`), `engine.recommend` decides, and the
 MLflow parent run of the sweep carries the recommendation (tags `replab.slo`, `replab.recommended`; the
 decision as `recommendation.json`), with one child run per policy.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipelines.recommend import Recommendation, expand_space, parse_slo, recommend
+from engine.recommend import Recommendation, expand_space, parse_slo, recommend
 
 
 def space_of(args: argparse.Namespace):
@@ -65,10 +65,10 @@ def print_recommendation(rec: Recommendation, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from pipelines.session import get_spark
+    from engine.sweep_run import check_request, log_sweep, run_sweep
     from pipelines.sweep_job import print_sweep, print_where, request_from
-    from pipelines.sweep_run import check_request, log_sweep, run_sweep
-    from pipelines.terminal import console as terminal
+    from report.terminal import console as terminal
+    from storage.session import get_spark
 
     console = terminal()
     slo = parse_slo(args.slo)
@@ -92,7 +92,7 @@ def cli(args: argparse.Namespace) -> int:
                                "replab.recommended_policy": chosen.policy if chosen else "none"},
                   parent_metrics={"policies_meeting_slo": len(rec.ranked)})
         sweep.write()
-        from pipelines import tracking
+        from engine import tracking
 
         tracking.client_for(request.tracking_uri).log_artifact(sweep.parent_run_id, str(path))
     print_sweep(sweep, console, highlight=rec.chosen.estimate.policy if rec.chosen else None)

@@ -11,11 +11,12 @@ import argparse
 
 def cli(args: argparse.Namespace) -> int:
     from expectations.trace_gate import run_trace_gate
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.session import get_spark
+    from storage.lakehouse import Lakehouse
+    from storage.session import get_spark
 
     spark = get_spark("replab-validate")
     lakehouse = Lakehouse(args.lakehouse, spark, create=False)
+    lakehouse.check_writable()
     _, result = run_trace_gate(spark, args.trace, lakehouse)
     report = result.report
     quarantined = ", ".join(f"{o.rule}: {o.count}" for o in report.outcomes if o.count) if report else ""

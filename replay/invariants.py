@@ -30,7 +30,7 @@ def at_most_one_replica_out(replicas: tuple[int, ...], control: PartitionEvents)
     down: set[int] = set()
     isolated: set[int] = set()
     members = set(replicas)
-    for kind, broker in zip(control.broker_kind.tolist(), control.broker_id.tolist()):
+    for kind, broker in zip(control.broker_kind.tolist(), control.broker_id.tolist(), strict=True):
         if broker not in members:
             continue
         if kind == Kind.POWER_LOSS:

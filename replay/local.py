@@ -49,7 +49,8 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
         out[u] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
                                  broker_events.broker_ts, broker_events.broker_kind, broker_events.broker_id,
                                  broker_events.broker_upto, payload).sorted()
-    return out, {"layout": layout, "partition_of": dict(zip(produce["msg_id"].tolist(), routed.partition.tolist()))}
+    partition_of = dict(zip(produce["msg_id"].tolist(), routed.partition.tolist(), strict=True))
+    return out, {"layout": layout, "partition_of": partition_of}
 
 
 def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: str = "kernel",

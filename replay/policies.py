@@ -15,7 +15,7 @@ import dataclasses
 import enum
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, get_type_hints
@@ -444,16 +444,8 @@ def all_presets() -> Iterator[tuple[Preset, Policy]]:
         yield preset, parse_policy(preset.spec)
 
 
-def presets_of(family: str) -> list[str]:
-    return [p.name for p, pol in all_presets() if pol.family == family]
-
-
 def run_id(trace_id: str, policy: Policy | str, replab_version: str) -> str:
     """Deterministic run id (SPEC §4.4): a hash of trace id, canonical policy and replab version."""
     canonical = policy.canonical() if isinstance(policy, Policy) else policy
     digest = hashlib.sha256(f"{trace_id}\x1f{canonical}\x1f{replab_version}".encode()).hexdigest()
     return digest[:24]
-
-
-def describe_families() -> Mapping[str, tuple[type[Policy], tuple[ParamSpec, ...]]]:
-    return {name: (cls, cls.param_specs()) for name, cls in FAMILIES.items()}

@@ -491,7 +491,7 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
                 rows[-1] = (k, *state)
             else:
                 rows.append((k, *state))
-    arr = list(zip(*rows))
+    arr = list(zip(*rows, strict=True))
     return GroupTimeline(np.array(arr[0], dtype=np.int64), np.array(arr[1], dtype=bool),
                          np.array(arr[2], dtype=bool), np.array(arr[3], dtype=bool))
 
@@ -525,7 +525,7 @@ def java_hash_mod(keys: list[str | None], count: np.ndarray) -> np.ndarray:
     from replay.routing import java_string_hashcode
 
     distinct = sorted({k for k in keys if k})
-    codes = dict(zip(distinct, java_string_hashcode(distinct).astype(np.int64).tolist()))
+    codes = dict(zip(distinct, java_string_hashcode(distinct).astype(np.int64).tolist(), strict=True))
     h = np.array([codes.get(k, 0) if k else 0 for k in keys], dtype=np.int64)
     return np.abs(np.fmod(h, np.maximum(count, 1)))
 

@@ -19,7 +19,7 @@ os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from pipelines.session import get_spark
+    from storage.session import get_spark
 
     os.environ["REPLAB_WAREHOUSE_DIR"] = str(tmp_path_factory.mktemp("warehouse"))
     session = get_spark("replab-tests", master="local[2]", shuffle_partitions=2, ui=False)

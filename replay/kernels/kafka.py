@@ -291,7 +291,7 @@ class KafkaPartitionReplay:
         d = self._durable_at(written)
         last = np.flatnonzero(np.append(d[1:] != d[:-1], True))  # last write of every durability bucket
         buckets = self.pend_dur[i]
-        for dd, ln in zip(d[last].tolist(), lengths[last].tolist()):
+        for dd, ln in zip(d[last].tolist(), lengths[last].tolist(), strict=True):
             if buckets and buckets[-1][0] == dd:
                 buckets[-1][1] = max(buckets[-1][1], ln)
             else:
@@ -647,7 +647,7 @@ class KafkaPartitionReplay:
                 self.unavail.append((int(tc[0]), int(tc[-1])))
             else:
                 lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist()))
+                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
             self.av_prev = (int(tc[-1]), blocked, int(stall[-1]))
         self.cur_t = int(ts[-1])
 

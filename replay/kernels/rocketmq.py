@@ -845,7 +845,7 @@ class GroupReplay:
             else:
                 stall = self._stall_series(closed, out, srv)
                 lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist()))
+                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
                 stall_last = int(stall[-1])
             self.av_prev = (int(tc[-1]), blocked, stall_last)
         self.cur_t = int(ts[-1])

@@ -10,8 +10,8 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from expectations.output_gate import NamedCheck, RunOutputs, check_outputs, run_output_gate
-from pipelines.lakehouse import RUN_TABLES, Lakehouse, RunRecord
 from schemas.errors import GateFailed
+from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord
 from tests.pipelines.synthetic import make_run, run_tables
 
 pytestmark = pytest.mark.spark

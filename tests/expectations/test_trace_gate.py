@@ -15,10 +15,10 @@ from deltalake import DeltaTable
 
 from expectations.trace_gate import FATAL, QUARANTINE, RULES, check_trace_rules, run_trace_gate
 from pipelines.cli import main
-from pipelines.lakehouse import Lakehouse, RunRecord
-from pipelines.trace_loader import read_events_spark
 from schemas.errors import BadInput
 from schemas.tables import TABLES
+from storage.lakehouse import Lakehouse, RunRecord
+from storage.trace_loader import read_events_spark
 
 pytestmark = pytest.mark.spark
 

@@ -47,8 +47,8 @@ ROWS = [
 
 
 def _table(rows) -> pa.Table:
-    cols = list(zip(*rows))
-    return pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, EVENT_ARROW_SCHEMA)],
+    cols = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, EVENT_ARROW_SCHEMA, strict=True)],
                                 schema=EVENT_ARROW_SCHEMA)
 
 

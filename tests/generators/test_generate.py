@@ -16,12 +16,11 @@ import pytest
 
 from expectations.trace_gate import check_trace_rules
 from generators.generate import COMPLETE_MARKER, build_plan, chunk_table, generate_trace
-from generators.library import scenario_files
-from generators.scenario import resolve_scenario
+from generators.library import resolve_scenario, scenario_files
 from generators.timeline import US_PER_S, fault_events, to_us
 from pipelines.cli import main
-from pipelines.trace_loader import read_events_arrow, read_events_spark
 from schemas.trace import EVENT_ARROW_SCHEMA, Kind, Manifest
+from storage.trace_loader import read_events_arrow, read_events_spark
 
 pytestmark = pytest.mark.spark
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from generators.library import list_scenarios, scenario_files
-from generators.scenario import DistKind, FaultKind, ShapeKind, load_scenario_file, parse_scenario, resolve_scenario
+from generators.library import list_scenarios, resolve_scenario, scenario_files
+from generators.model import DistKind, FaultKind, ShapeKind
+from generators.scenario import load_scenario_file, parse_scenario
 from generators.timeline import fault_events, stall_episodes
 from schemas.errors import BadInput
 from schemas.trace import Kind
@@ -251,7 +252,7 @@ def test_scale_stretches_the_fault_profile_keeping_its_shape():
     for scale in (0.05, 0.5, 3.0):
         scaled = fault_events(chaos, 7, scale)
         assert [(e.kind, e.broker) for e in scaled] == [(e.kind, e.broker) for e in base]
-        assert all(abs(s.ts_us - b.ts_us * scale) <= 1 + scale for s, b in zip(scaled, base))
+        assert all(abs(s.ts_us - b.ts_us * scale) <= 1 + scale for s, b in zip(scaled, base, strict=True))
     k2 = resolve_scenario("k2-acks1-leader-crash")
     assert [e.ts_us for e in fault_events(k2, 0, 0.5)] == [13_513_500, 30_000_000]
     # GC pauses are a JVM property: same real-time rate, so a longer trace has more of them, same lengths.

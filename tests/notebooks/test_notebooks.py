@@ -1,7 +1,7 @@
 """The notebooks (SPEC §6.3) run as plain scripts, on small traces, and produce what they say.
 
 Each notebook runs with `runpy` in the test process, so it finds the session's SparkSession through
-`pipelines.session.get_spark` exactly as a local script run would (no `spark` is injected); parameters come from
+`storage.session.get_spark` exactly as a local script run would (no `spark` is injected); parameters come from
 `REPLAB_NB_*` environment variables, as in a local run. Work is shared: 02 (drill-down) reads the lakehouse 01
 wrote, and all four write under one module-scoped folder.
 
@@ -125,7 +125,7 @@ def test_drilldown_opens_the_acks1_run_from_the_lakehouse(overview, workdir):
 
 
 def test_dledger_vs_kafka_on_one_broker_failure(spark, workdir):
-    from bench.dledger_vs_kafka import POLICIES
+    from report.dledger_vs_kafka import POLICIES
 
     ns = run_notebook("03_dledger_vs_kafka", workdir=str(workdir), scenarios="dledger5-single-failure",
                       scale="0.2", seed="1", mlflow="false")
@@ -152,8 +152,8 @@ def test_dledger_vs_kafka_on_one_broker_failure(spark, workdir):
 def test_sweep_estimates_match_the_results_it_wrote(spark, workdir):
     from pyspark.sql import functions as F
 
-    from pipelines import tracking
-    from pipelines.lakehouse import Lakehouse
+    from engine import tracking
+    from storage.lakehouse import Lakehouse
 
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     ns = run_notebook("04_sweep", workdir=str(workdir), scenario="k2-acks1-leader-crash", seeds="2",
@@ -167,7 +167,7 @@ def test_sweep_estimates_match_the_results_it_wrote(spark, workdir):
               .where(F.col("sweep_id") == sweep.sweep_id).collect())
     client = tracking.client_for(uri)
     experiment = client.get_experiment_by_name(sweep.experiment)
-    for e, row in zip(sweep.estimates, saved["policies"]):
+    for e, row in zip(sweep.estimates, saved["policies"], strict=True):
         mine = sorted((r for r in stored if r["policy"] == e.policy), key=lambda r: r["seed"])
         assert [r["seed"] for r in mine] == [3, 4] and {r["status"] for r in mine} == {"ok"}
         lost_any = sum(r["acked_lost"] >= 1 for r in mine)  # the estimates are the stored per-seed figures'
@@ -187,3 +187,42 @@ def test_sweep_estimates_match_the_results_it_wrote(spark, workdir):
     assert (workdir / "04_sweep" / "sweep.csv").read_text().startswith(
         "policy,label,seeds,fatal_seeds,seeds_with_loss,p_loss")
     assert_png(workdir / "04_sweep" / "sweep.png")
+
+
+def test_dledger_vs_kafka_notebook_runs_from_the_dist_zip(tmp_path):
+    """Notebook 03 imports its study (`report.dledger_vs_kafka`) from the installed package: run from a copy
+    outside the checkout with only `make dist`'s zip on the path (no repo, no editable install), it finds the
+    study and every layer below it there, and writes its tables."""
+    import csv
+    import subprocess
+    import sys
+
+    from pipelines.dist import build_zip
+    from report.dledger_vs_kafka import POLICIES
+
+    dist_zip, _ = build_zip(tmp_path / "dist")
+    notebook = tmp_path / "nb" / "03_dledger_vs_kafka.py"
+    notebook.parent.mkdir()
+    notebook.write_text((NOTEBOOKS / "03_dledger_vs_kafka.py").read_text())
+    probe = f"""
+import runpy, sys
+sys.path = [p for p in sys.path if p not in ("", {str(REPO)!r})]
+sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "").lower()
+                 and "editable" not in type(f).__name__.lower() and "editable" not in str(f).lower()]
+sys.path.insert(0, {str(dist_zip)!r})
+runpy.run_path({str(notebook)!r}, run_name="__main__")
+for name in ("report.dledger_vs_kafka", "engine.replay", "storage.lakehouse", "pipelines.notebook_env"):
+    assert sys.modules[name].__file__.startswith({str(dist_zip)!r}), sys.modules[name].__file__
+print("from-zip ok")
+"""
+    env = {**os.environ, "REPLAB_NB_WORKDIR": str(tmp_path / "work"), "REPLAB_NB_SCENARIOS": "dledger5-single-failure",
+           "REPLAB_NB_SCALE": "0.05", "REPLAB_NB_SEED": "1", "REPLAB_NB_MLFLOW": "false",
+           "REPLAB_SPARK_MASTER": "local[2]", "REPLAB_WAREHOUSE_DIR": str(tmp_path / "warehouse"),
+           "REPLAB_DRIVER_MEMORY": "1g"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=1800, cwd=tmp_path,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "from-zip ok" in out.stdout
+    with (tmp_path / "work" / "03_dledger_vs_kafka" / "dledger_vs_kafka.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(POLICIES)

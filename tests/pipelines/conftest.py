@@ -23,7 +23,7 @@ class MlflowReplay:
     trace: Path
     expected: list[dict[str, Any]]  # tests/scenarios/<name>/expected.json: hand-derived, not program output
     policies: list[Any]
-    report: Any  # pipelines.replay_job.ReplayReport
+    report: Any  # engine.plan.ReplayReport
     tracking_uri: str
     store: Path
     lakehouse: Path
@@ -37,13 +37,15 @@ class MlflowReplay:
 
 @pytest.fixture(scope="session")
 def k2_mlflow_replay(spark, tmp_path_factory) -> MlflowReplay:
-    from pipelines.replay_job import ReplayRequest, run_replay
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
     from replay.policies import parse_policy
+    from report.figures import run_figures
 
     root = tmp_path_factory.mktemp("k2-mlflow")
     expected = json.loads((K2 / "expected.json").read_text())
     policies = [parse_policy(case["policy"]) for case in expected]
     uri = f"sqlite:///{root / 'mlflow.db'}"
     report = run_replay(spark, ReplayRequest(trace=str(K2), policies=policies, lakehouse=str(root / "lakehouse"),
-                                             tracking_uri=uri))
+                                             tracking_uri=uri, figures=run_figures))
     return MlflowReplay(K2, expected, policies, report, uri, root, root / "lakehouse", report.experiment)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipelines.metrics import RunInfo
+from engine.metrics import RunInfo
 from schemas.tables import TABLES
 
 DURATION_US = 20_000_000
@@ -98,8 +98,8 @@ def make_run(run_id: str, seed: int, n_messages: int = 400, partitions: int = PA
 
 
 def run_tables(spark, run: SyntheticRun, window_ms: int = 1000, events=None) -> dict:
-    """Every run table of the synthetic run, computed with pipelines.metrics (persisted)."""
-    from pipelines import metrics
+    """Every run table of the synthetic run, computed with engine.metrics (persisted)."""
+    from engine import metrics
 
     outcomes = spark.createDataFrame(run.outcomes)
     states = spark.createDataFrame(run.states)
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=400)
     args = parser.parse_args(argv)
 
-    from pipelines.lakehouse import Lakehouse, RunRecord
-    from pipelines.session import get_spark
+    from storage.lakehouse import Lakehouse, RunRecord
+    from storage.session import get_spark
 
     spark = get_spark("synthetic-writer", master="local[2]", shuffle_partitions=2)
     lh = Lakehouse(args.lakehouse, spark)

@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.cli import main
-from pipelines.compare_job import build_report
+from report.compare import build_report
 
 pytestmark = pytest.mark.spark
 

@@ -11,11 +11,11 @@ pytestmark = pytest.mark.spark
 
 
 def test_demo_writes_lakehouse_experiment_and_report(spark, tmp_path, capsys):
-    from pipelines import tracking
+    from engine import tracking
     from pipelines.cli import main
     from pipelines.demo_job import DemoLayout
-    from pipelines.lakehouse import Lakehouse
     from replay.policies import all_presets
+    from storage.lakehouse import Lakehouse
 
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--scale", "0.05"]) == 0

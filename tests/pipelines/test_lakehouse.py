@@ -16,9 +16,9 @@ import pytest
 from deltalake import DeltaTable
 
 from expectations.report import inside, safe_component
-from pipelines.lakehouse import RUN_TABLES, Lakehouse, RunRecord, in_predicate
 from schemas.errors import ReplabError
 from schemas.tables import TABLES
+from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord, in_predicate
 from tests.pipelines.synthetic import make_run, run_tables
 
 pytestmark = pytest.mark.spark
@@ -215,15 +215,15 @@ def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, referen
     root = tmp_path / "lakehouse"  # fresh: the two processes also race to create the tables
     procs = [writer(root, "--run-id", "a", "--seed", "1"), writer(root, "--run-id", "b", "--seed", "2")]
     outs = [p.communicate(timeout=900) for p in procs]
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert snapshot(root) == reference
     assert Lakehouse(root, spark, create=False).succeeded_run_ids() == ["a", "b"]
 
 
 def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
-    """pipelines.publish: what a replay job calls with its outcomes, timelines and intervals."""
-    from pipelines.publish import ReplayResults, publish
+    """engine.publish: what a replay job calls with its outcomes, timelines and intervals."""
+    from engine.publish import ReplayResults, publish
 
     runs = [make_run("p1", 1, n_messages=80), make_run("p2", 2, n_messages=80)]
     outcomes = spark.createDataFrame(pa.concat_tables([r.outcomes for r in runs]))

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines import metrics
-from pipelines.metrics import RunInfo
+from engine import metrics
+from engine.metrics import RunInfo
 from schemas.tables import SUMMARY_FIELDS, TABLES
 from tests.pipelines.synthetic import make_run
 
@@ -50,7 +50,7 @@ def outcomes_df(spark, run_id="m1", messages=MESSAGES):
 
 def states_df(spark, run_id="m1"):
     cols = ("partition", "ts_us", "leader", "leader_epoch", "isr", "log_end_offset", "high_watermark")
-    rows = [{"run_id": run_id, **dict(zip(cols, s))} for s in STATES]
+    rows = [{"run_id": run_id, **dict(zip(cols, s, strict=True))} for s in STATES]
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=TABLES["partition_states"].arrow_schema()))
 
 

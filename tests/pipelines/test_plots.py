@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipelines import plots
+from report import plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

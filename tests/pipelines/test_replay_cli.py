@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main
-from pipelines.trace_loader import read_events_arrow
 from replay.local import replay_local
 from replay.policies import parse_policy, presets
 from schemas.outcomes import Fate, Status
 from schemas.tables import SUMMARY_FIELDS, TABLES
+from storage.trace_loader import read_events_arrow
 
 pytestmark = pytest.mark.spark
 
@@ -44,7 +44,7 @@ def test_every_preset_in_one_run(replayed, capsys):
     summary = json.loads((root / "summary.json").read_text())
     assert [s["policy"] for s in summary] == [parse_policy(n).canonical() for n in names]  # --policy order
     manifest, table = read_events_arrow(trace)
-    for s, name in zip(summary, names):
+    for s, name in zip(summary, names, strict=True):
         assert set(s) == {"policy", "run_id", *SUMMARY_FIELDS}
         results = replay_local(parse_policy(name), manifest, table, engine="kernel")
         status = np.concatenate([r.messages.records.status for r in results])

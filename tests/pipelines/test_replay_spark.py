@@ -18,13 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import metrics
-from pipelines.replay_job import policy_runs, replay_frames, run_infos
-from pipelines.trace_loader import read_events_arrow, read_events_spark
+from engine import metrics
+from engine.plan import policy_runs, run_infos
+from engine.replay import replay_frames
 from replay.local import replay_local
 from replay.policies import all_presets, parse_policy
 from schemas.outcomes import NULL_US, Error, Fate, Status
 from schemas.tables import SUMMARY_FIELDS
+from storage.trace_loader import read_events_arrow, read_events_spark
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 GOLDEN = sorted(p for p in SCENARIOS.iterdir() if (p / "expected.json").is_file())
@@ -51,7 +52,7 @@ def test_golden_summaries_through_spark(spark, folder):
         outcomes = {(r["run_id"], r["msg_id"]): r.asDict() for r in frames.message_outcomes.collect()}
     finally:
         frames.release()
-    for case, run in zip(cases, runs):
+    for case, run in zip(cases, runs, strict=True):
         got = summary[run.run_id]
         why = f"{folder.name} [{case['policy']}]: {case['why']}"
         assert set(got) == {"run_id", *SUMMARY_FIELDS}
@@ -75,13 +76,13 @@ def _local_rows(policy, manifest, table, run_id: str):
     fam = family_of(policy)
     layout = fam.layout(policy, manifest)
     results = replay_local(policy, manifest, table, engine="kernel")
-    keys = dict(zip(table.column("msg_id").to_pylist(), table.column("key").to_pylist()))
+    keys = dict(zip(table.column("msg_id").to_pylist(), table.column("key").to_pylist(), strict=True))
     msgs, states, gaps = set(), set(), set()
 
     def opt(v):
         return None if v == NULL_US else int(v)
 
-    for unit, res in zip(layout.units, results):
+    for unit, res in zip(layout.units, results, strict=True):
         j, rec = res.messages, res.messages.records
         part = rec.payload["part"] if rec.payload and "part" in rec.payload else np.full(len(rec), unit)
         for i in range(len(rec)):
@@ -99,7 +100,7 @@ def _local_rows(policy, manifest, table, run_id: str):
 @pytest.fixture(scope="module")
 def generated_trace(tmp_path_factory):
     """A small chaos trace (every fault kind) as an events/ Parquet folder of several files."""
-    from bench.dledger_vs_kafka import load_trace
+    from report.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace("chaos", seed=3, scale=0.01)
     folder = tmp_path_factory.mktemp("chaos")
@@ -132,7 +133,7 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
     def rows(t: pa.Table, run_id: str, cols: list[str]) -> set:
         mine = t.filter(pa.compute.equal(t.column("run_id"), run_id))
         return {tuple(tuple(v) if isinstance(v, list) else v for v in r)
-                for r in zip(*(mine.column(c).to_pylist() for c in cols))}
+                for r in zip(*(mine.column(c).to_pylist() for c in cols), strict=True)}
 
     for run in runs:
         want_msgs, want_states, want_gaps, want_bytes = _local_rows(run.policy, manifest, table, run.run_id)
@@ -149,7 +150,7 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
 
 def test_sparse_msg_ids_are_ranked_by_a_sort(spark, tmp_path):
     """Round-robin routing needs each message's rank in msg_id order; non-dense ids take the sort path."""
-    from pipelines.replay_job import with_msg_rank
+    from engine.replay import with_msg_rank
 
     df = spark.createDataFrame([(i * 7 + (3 if i % 2 else 0),) for i in range(50)][::-1], "msg_id BIGINT")
     spark.conf.set("spark.sql.shuffle.partitions", "3")

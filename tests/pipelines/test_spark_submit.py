@@ -156,13 +156,13 @@ print(len(presets), len(scenarios), "demo" in scenarios)
 
 
 def test_replay_job_on_a_standalone_cluster(spark, standalone, dist_zip, tmp_path):
-    from pipelines.session import _cached_jars, delta_package, jars_dir
     from replay.policies import parse_policy
+    from storage.session import cached_jars, delta_package, jars_dir
 
     case = next(c for c in json.loads((K2 / "expected.json").read_text()) if c["policy"] == "kafka:partitions=1,acks=1")
     lakehouse = tmp_path / "lakehouse"
     summary_json = tmp_path / "summary.json"
-    jars = _cached_jars()  # the spark fixture has resolved (or found) them
+    jars = cached_jars()  # the spark fixture has resolved (or found) them
     delta = ["--jars", ",".join(jars)] if jars else ["--packages", delta_package(), "--conf",
                                                       f"spark.jars.ivy={jars_dir() / 'ivy'}"]
     cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", standalone.url, "--py-files", str(dist_zip),

@@ -1,4 +1,4 @@
-"""Stream mode (pipelines/stream_job.py): the batch replay's results, through Spark Structured Streaming.
+"""Stream mode (engine/stream/query.py): the batch replay's results, through Spark Structured Streaming.
 
 - Routing in state reads the fault timeline only up to the routing horizon (replay/stream.py): no Spark.
 - Core queries (source → watermark → routing → transformWithStateInPandas), several at once on the session: on
@@ -30,10 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.replay_job import ReplayRequest, policy_runs, replay_frames
-from pipelines.trace_loader import read_events_arrow, read_events_spark
+from engine.plan import ReplayRequest, policy_runs
+from engine.replay import replay_frames
 from replay.policies import parse_policy
 from schemas.trace import KIND_LABELS
+from storage.trace_loader import read_events_arrow, read_events_spark
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "tests" / "scenarios"
@@ -96,8 +97,8 @@ class CoreRun:
     runs: Any = None
 
     def start(self, spark, checkpoint: Path) -> None:
-        from pipelines.stream_job import is_complete, replay_stream, stream_plan
-        from pipelines.trace_loader import locate
+        from engine.stream.query import is_complete, replay_stream, stream_plan
+        from storage.trace_loader import locate
 
         complete, as_is = is_complete(locate(self.trace))
         assert complete
@@ -117,7 +118,7 @@ class CoreRun:
 
     @property
     def done(self) -> bool:
-        from pipelines.stream_groups import END
+        from engine.stream.groups import END
 
         return any(pc.any(pc.equal(b.column("rtype"), END)).as_py() for b in self.batches if b.num_rows)
 
@@ -156,8 +157,8 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
     """The stream's message, state and interval rows (and replication bytes) equal batch mode's, row for row."""
     from pyspark.testing import assertDataFrameEqual
 
-    from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
-    from pipelines.replay_job import frames_from_raw
+    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from engine.replay import frames_from_raw
 
     manifest, events = read_events_spark(spark, batch_trace or run.trace)
     batch = replay_frames(spark, manifest, events, run.runs)
@@ -174,7 +175,7 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
 
 @pytest.fixture(scope="module")
 def chaos():
-    from bench.dledger_vs_kafka import load_trace
+    from report.dledger_vs_kafka import load_trace
 
     return load_trace("chaos", seed=3, scale=0.01)
 
@@ -197,7 +198,7 @@ def core_runs(spark, chaos, tmp_path_factory) -> dict[str, CoreRun]:
                         [parse_policy("kafka-durable"), parse_policy("dledger-3")], lateness_ms=late_span_ms + 1))
     # A generated trace as `replab generate` writes it (several files, then events/_COMPLETE).
     from generators.generate import generate_trace
-    from generators.scenario import resolve_scenario
+    from generators.library import resolve_scenario
 
     steady = root / "steady-state"
     generate_trace(spark, resolve_scenario("steady-state"), seed=1, scale=0.02, out=steady,
@@ -242,9 +243,9 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, c
     then the logged micro-batches applied again, gives the same outputs as the group kept in memory. No Spark.
     `chunked`: state values cut to a few KB (as the processor cuts them to STATE_CHUNK_BYTES for the state
     server) rebuild the same group."""
-    import pipelines.stream_groups as stream_groups
-    from pipelines.replay_job import policy_runs
-    from pipelines.stream_groups import (
+    import engine.stream.groups as stream_groups
+    from engine.plan import policy_runs
+    from engine.stream.groups import (
         BUFFER_COLUMNS,
         ROUTED_SCHEMA,
         GroupReplay,
@@ -253,8 +254,8 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, c
         unpack,
         write_rows,
     )
-    from pipelines.stream_job import stream_plan
-    from pipelines.stream_source import EVENT_SOURCE_SCHEMA
+    from engine.stream.query import stream_plan
+    from engine.stream.source import EVENT_SOURCE_SCHEMA
 
     manifest, table = chaos
     runs = policy_runs([parse_policy("kafka-durable"), parse_policy("dledger-3")], manifest)
@@ -409,8 +410,8 @@ def kill_after_micro_batch(args: list[str], env: dict[str, str], cwd: Path, batc
 
 def batch_tables(spark, trace: Path, policies: list[Any]) -> dict[str, Any]:
     """Batch mode's run tables for `trace` (replay_frames, then publish's derivation), not written anywhere."""
-    from pipelines.publish import ReplayResults, derive_tables
-    from pipelines.replay_job import run_infos, run_records
+    from engine.plan import run_infos, run_records
+    from engine.publish import ReplayResults, derive_tables
 
     manifest, events = read_events_spark(spark, trace)
     runs = policy_runs(policies, manifest)
@@ -443,8 +444,8 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     without the late rows; the late rows are counted once per run and quarantined once, with their reason."""
     from pyspark.sql import functions as F
 
-    from pipelines.lakehouse import Lakehouse, in_predicate
-    from pipelines.stream_job import LATE_RULE, run_stream_replay
+    from engine.stream.query import LATE_RULE, run_stream_replay
+    from storage.lakehouse import Lakehouse, in_predicate
 
     specs = ["kafka-durable", "dledger-3"]
     policies = [parse_policy(p) for p in specs]
@@ -490,10 +491,10 @@ def test_live_trace_replayed_while_it_is_written_equals_batch(spark, tmp_path):
     (processing-time triggers), gates the trace once `_COMPLETE` lands, and ends with batch mode's tables."""
     import threading
 
+    from engine.stream.query import run_stream_replay
     from generators.generate import COMPLETE_MARKER, generate_trace
-    from generators.scenario import resolve_scenario
-    from pipelines.lakehouse import Lakehouse, in_predicate
-    from pipelines.stream_job import run_stream_replay
+    from generators.library import resolve_scenario
+    from storage.lakehouse import Lakehouse, in_predicate
 
     trace, lakehouse = tmp_path / "live", tmp_path / "lakehouse"
     failures: list[BaseException] = []

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from generators.scenario import resolve_scenario
-from pipelines.sweep_engine import FATAL, OK, SweepSpec, run_sweep_job, seed_rows
+from engine.sweep import FATAL, OK, SweepSpec, run_sweep_job, seed_rows
+from generators.library import resolve_scenario
 from replay.policies import parse_policy
 from schemas.tables import SUMMARY_FIELDS
 
@@ -34,7 +34,7 @@ def test_job_count_does_not_grow_with_seeds(spark):
     assert len(jobs4) == len(jobs16) == 1, (jobs4, jobs16)
     # Seeds 0-3 are the same computations in both runs (deterministic generation, SPEC §8).
     assert sixteen.slice(0, four.num_rows).to_pylist() == [
-        {**r, "task_seconds": s["task_seconds"]} for r, s in zip(four.to_pylist(), sixteen.to_pylist())]
+        {**r, "task_seconds": s["task_seconds"]} for r, s in zip(four.to_pylist(), sixteen.to_pylist(), strict=False)]
     assert sorted(set(sixteen.column("seed").to_pylist())) == list(range(16))
     assert set(sixteen.column("status").to_pylist()) == {OK}
 
@@ -42,7 +42,8 @@ def test_job_count_does_not_grow_with_seeds(spark):
 @pytest.mark.slow  # the Spark replay of one small trace: 8 minutes on the shared 2-core machine
 def test_seed_figures_equal_the_spark_replay_of_the_same_trace(spark, tmp_path):
     """--keep-traces writes the seed's trace; `run_replay` on it gives the same run_summary, field by field."""
-    from pipelines.replay_job import ReplayRequest, run_replay
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
 
     spec = _spec(0.05, traces_dir=str(tmp_path / "traces"), series=True, window_us=1_000_000)
     rows = seed_rows(spec, 3)
@@ -51,7 +52,7 @@ def test_seed_figures_equal_the_spark_replay_of_the_same_trace(spark, tmp_path):
     report = run_replay(spark, ReplayRequest(trace=str(trace), policies=list(spec.policies),
                                              lakehouse=str(tmp_path / "lh"), mlflow=False))
     assert [r.canonical for r in report.runs] == [r["policy"] for r in rows]
-    for row, summary in zip(rows, report.summaries):
+    for row, summary in zip(rows, report.summaries, strict=True):
         assert row["status"] == OK
         for name in SUMMARY_FIELDS:
             want, got = summary[name], row[name]

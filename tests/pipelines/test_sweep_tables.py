@@ -40,7 +40,7 @@ def _sweep(lh: Path, out: Path) -> subprocess.Popen:
 
 
 def test_killed_sweep_rerun_equals_uninterrupted(spark, tmp_path):
-    from pipelines.sweep_run import SweepRequest, run_sweep
+    from engine.sweep_run import SweepRequest, run_sweep
     from replay.policies import parse_policy
 
     killed_lh = tmp_path / "killed"

@@ -25,8 +25,9 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
-from pipelines import __version__, tracking
+from engine import tracking
 from schemas.tables import SUMMARY_FIELDS
+from schemas.version import __version__
 
 pytestmark = pytest.mark.spark
 
@@ -86,7 +87,7 @@ def test_summary_metrics_match_the_golden_expectations(k2_mlflow_replay):
 
 
 def test_every_summary_field_is_logged_as_in_the_lakehouse(k2_mlflow_replay, spark):
-    from pipelines.lakehouse import Lakehouse
+    from storage.lakehouse import Lakehouse
 
     replay = k2_mlflow_replay
     runs = _by_name(replay)
@@ -171,7 +172,7 @@ def test_artifacts(k2_mlflow_replay, tmp_path):
 
 
 def test_runs_table_links_to_mlflow(k2_mlflow_replay, spark):
-    from pipelines.lakehouse import Lakehouse
+    from storage.lakehouse import Lakehouse
 
     replay = k2_mlflow_replay
     rows = Lakehouse(replay.lakehouse, spark, create=False).read("runs").collect()
@@ -253,7 +254,7 @@ def test_mlflow_server_lists_one_run_per_policy(k2_mlflow_replay, tmp_path):
             "filter": "tags.`replab.kind` = 'policy' and attributes.status = 'FINISHED'", "max_results": 100})
         runs = {r["info"]["run_name"]: r for r in found["runs"]}
         assert sorted(runs) == sorted(replay.canonical(case) for case in replay.expected)
-        for case, policy in zip(replay.expected, replay.policies):
+        for case, policy in zip(replay.expected, replay.policies, strict=True):
             data = runs[replay.canonical(case)]["data"]
             params = {p["key"]: p["value"] for p in data["params"]}
             assert params == {**policy.params(), "trace_id": "k2-acks1-leader-crash"}
@@ -277,9 +278,9 @@ def test_mlflow_server_lists_one_run_per_policy(k2_mlflow_replay, tmp_path):
 # minutes), so the Delta `runs` table's mlflow_run_id no longer matches afterwards. They leave the store with
 # one FINISHED run per policy, which is all the other tests of the session need.
 def test_rerun_leaves_one_finished_run_per_replab_run(k2_mlflow_replay, spark):
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.replay_job import policy_runs
+    from engine.plan import policy_runs
     from schemas.trace import Manifest
+    from storage.lakehouse import Lakehouse
 
     replay = k2_mlflow_replay
     client = _client(replay)

@@ -1,4 +1,4 @@
-"""The worker start-up fix (pipelines/worker_imports.py): same imports, no directory re-read unless the zip
+"""The worker start-up fix (engine/worker_imports.py): same imports, no directory re-read unless the zip
 changed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zipimport
 
 import pytest
 
-from pipelines.worker_imports import StableZipImporter, install
+from engine.worker_imports import StableZipImporter, install
 
 
 def test_stable_importer_reads_again_only_when_the_archive_changes(tmp_path, monkeypatch):

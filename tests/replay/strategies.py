@@ -73,8 +73,8 @@ def traces(draw, max_brokers: int = 4, max_events: int = 60, duration_ms: int = 
             iso[b] = False
             rows.append((ts, kind, b, None, None, None, None, None))
             touched[b] = ts
-    cols = list(zip(*rows)) if rows else [[] for _ in range(8)]
-    table = pa.table({f.name: pa.array(list(c), f.type) for f, c in zip(EVENT_ARROW_SCHEMA, cols)},
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(8)]
+    table = pa.table({f.name: pa.array(list(c), f.type) for f, c in zip(EVENT_ARROW_SCHEMA, cols, strict=True)},
                      schema=EVENT_ARROW_SCHEMA)
     duration = max(duration_ms, t) * MS + draw(st.sampled_from([ms * MS for ms in tails_ms or (0, 7, 30_000)]))
     manifest = Manifest("hyp", tuple(__import__("schemas.trace").trace.Broker(i, f"r{i % 2}") for i in range(n)),

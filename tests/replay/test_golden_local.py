@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.trace_loader import read_events_arrow
 from replay.families import family_of
 from replay.local import replay_local
 from replay.policies import parse_policy
 from schemas.outcomes import NULL_US, Error, Fate, Status
+from storage.trace_loader import read_events_arrow
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -28,12 +28,12 @@ def outcome_rows(result) -> list[tuple]:
     r = j.records
     return sorted(zip(r.msg_id.tolist(), r.produce_us.tolist(), r.status.tolist(), r.error.tolist(),
                       r.ack_us.tolist(), r.visible_us.tolist(), j.fate.tolist(), j.readable_at_end.tolist(),
-                      j.offset.tolist()))
+                      j.offset.tolist(), strict=True))
 
 
 def assert_same(ref_results, kernel_results, context) -> None:
     assert len(ref_results) == len(kernel_results)
-    for ref, ker in zip(ref_results, kernel_results):
+    for ref, ker in zip(ref_results, kernel_results, strict=True):
         assert outcome_rows(ker) == outcome_rows(ref), context
         assert ker.states == coalesce_states(ref.states, WINDOW_US), context
         assert ker.unavailable == ref.unavailable, context
@@ -81,7 +81,8 @@ def test_chunked_equals_one_pass(case, cuts):
     one = replay_local(policy, manifest, table, engine="kernel")
     cuts = sorted({c for c in cuts if 0 < c <= manifest.duration_us})
     chunked = replay_local(policy, manifest, table, engine="kernel", chunks=cuts)
-    for a, b in zip(one, chunked):
+    assert len(chunked) == len(one), (policy.canonical(), cuts)  # a missing result must not zip away
+    for a, b in zip(one, chunked, strict=True):
         assert outcome_rows(a) == outcome_rows(b), (policy.canonical(), cuts)
         assert a.states == b.states and a.unavailable == b.unavailable
         assert a.replication_bytes == b.replication_bytes
@@ -195,7 +196,8 @@ def test_pinned_regressions(policy, duration_us, events, outcomes, timeline):
         (res,) = replay_local(pol, manifest, table, engine=engine)
         j, r = res.messages, res.messages.records
         got = sorted(zip(r.msg_id.tolist(), r.status.tolist(), r.error.tolist(), r.ack_us.tolist(),
-                         r.visible_us.tolist(), j.fate.tolist(), j.readable_at_end.tolist(), j.offset.tolist()))
+                         r.visible_us.tolist(), j.fate.tolist(), j.readable_at_end.tolist(), j.offset.tolist(),
+                         strict=True))
         assert got == outcomes, engine
         states = expected_states if engine == "reference" else coalesce_states(expected_states, WINDOW_US)
         assert res.states == states, engine
@@ -228,7 +230,7 @@ def test_re_elected_leader_acknowledges_what_its_election_commits_at_once():
         results = replay_local(policy, manifest, table, engine=engine)
         for res in results:
             r = res.messages.records
-            acks.update({(engine, m): a for m, a in zip(r.msg_id.tolist(), r.ack_us.tolist())})
+            acks.update({(engine, m): a for m, a in zip(r.msg_id.tolist(), r.ack_us.tolist(), strict=True)})
     assert acks[("reference", 6)] == acks[("kernel", 6)] == 9_001_000
     assert acks[("reference", 2)] == acks[("kernel", 2)] == NULL_US  # its deadline (5 s) passed in the zombie
     _check((manifest, table, policy))

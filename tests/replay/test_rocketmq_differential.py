@@ -31,7 +31,7 @@ def outcome_rows(result) -> list[tuple]:
     assert len(part) == len(r.msg_id)
     return sorted(zip(r.msg_id.tolist(), r.produce_us.tolist(), r.status.tolist(), r.error.tolist(),
                       r.ack_us.tolist(), r.visible_us.tolist(), j.fate.tolist(), j.readable_at_end.tolist(),
-                      j.offset.tolist(), part.tolist()))
+                      j.offset.tolist(), part.tolist(), strict=True))
 
 
 @st.composite
@@ -50,7 +50,7 @@ def check_case(manifest, table, policy) -> None:
     ker = replay_local(policy, manifest, table, engine="kernel")
     ctx = context(manifest, table, policy)
     assert len(ref) == len(ker)
-    for r, k in zip(ref, ker):
+    for r, k in zip(ref, ker, strict=True):
         assert outcome_rows(k) == outcome_rows(r), ctx
         assert k.states == coalesce_states(r.states, WINDOW_US), ctx
         assert k.unavailable == r.unavailable, ctx
@@ -65,7 +65,8 @@ def check_chunks(manifest, table, policy, cuts) -> None:
     one = replay_local(policy, manifest, table, engine="kernel")
     cuts = sorted({c for c in cuts if 0 < c <= manifest.duration_us})
     chunked = replay_local(policy, manifest, table, engine="kernel", chunks=cuts)
-    for a, b in zip(one, chunked):
+    assert len(chunked) == len(one), (policy.canonical(), cuts)  # a missing result must not zip away
+    for a, b in zip(one, chunked, strict=True):
         assert outcome_rows(a) == outcome_rows(b), (policy.canonical(), cuts)
         assert a.states == b.states and a.unavailable == b.unavailable, (policy.canonical(), cuts)
         assert a.replication_bytes == b.replication_bytes
@@ -121,8 +122,8 @@ SLOW_LIBRARY_CASES = [
 
 
 def _library_case(name: str, scale: float, policy_text: str) -> None:
-    from bench.dledger_vs_kafka import load_trace
     from replay.policies import parse_policy
+    from report.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace(name, 1, scale)
     policy = parse_policy(policy_text)
@@ -131,7 +132,7 @@ def _library_case(name: str, scale: float, policy_text: str) -> None:
     chunked = replay_local(policy, manifest, table, engine="kernel", chunks=list(range(
         3_000_000, manifest.duration_us, 3_000_000)))
     assert sum(len(r.messages.records) for r in ref) > 4096
-    for r, k, c in zip(ref, ker, chunked):
+    for r, k, c in zip(ref, ker, chunked, strict=True):
         assert outcome_rows(k) == outcome_rows(r), (name, policy_text)
         assert k.states == coalesce_states(r.states, WINDOW_US), (name, policy_text)
         assert k.unavailable == r.unavailable and k.replication_bytes == r.replication_bytes

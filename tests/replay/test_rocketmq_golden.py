@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.trace_loader import read_events_arrow
 from replay.local import replay_local
 from replay.policies import parse_policy
 from schemas.outcomes import Fate, Status
+from storage.trace_loader import read_events_arrow
 
 from .test_golden_local import golden_cases, message_facts
 
@@ -26,7 +26,7 @@ def partitions(results) -> dict[int, int | None]:
     out = {}
     for r in results:
         rec = r.messages.records
-        for msg_id, part in zip(rec.msg_id.tolist(), rec.payload["part"].tolist()):
+        for msg_id, part in zip(rec.msg_id.tolist(), rec.payload["part"].tolist(), strict=True):
             out[msg_id] = None if part < 0 else part
     return out
 

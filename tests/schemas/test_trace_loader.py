@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.trace_loader import read_events_arrow, read_events_spark
 from schemas.errors import BadInput
 from schemas.trace import EVENT_ARROW_SCHEMA, Manifest
+from storage.trace_loader import read_events_arrow, read_events_spark
 
 HEADER = "ts_us,kind,broker,msg_id,key,size_bytes,producer_id,upto_us\n"
 MANIFEST = {"format": "replab-trace", "version": 1, "trace_id": "t", "brokers": [{"id": 0, "rack": "a"}],

@@ -1,7 +1,7 @@
 """The seed articles' closing question, answered by replaying: a 5-broker DLedger cluster (one group of 5, 50
 queues) against Kafka configurations on the same 5 machines, under one and two broker failures.
 
-    .venv/bin/python -m bench.dledger_vs_kafka [--scale 1] [--seed 1]
+    .venv/bin/python -m report.dledger_vs_kafka [--scale 1] [--seed 1]
 
 Traces come from the scenario library (`dledger5-single-failure`, `dledger5-double-failure`: 5000 msg/s for
 180 s; broker 0 crashes at 60 s, broker 1 at 75 s in the double case) and are replayed without Spark by the
@@ -75,7 +75,7 @@ def figures(policy_text: str, manifest, table) -> Figures:
     outage = sum(e - s for r in results for s, e in r.unavailable) / 1e6 * per_unit / partitions
     lat = latency[acked] / 1000 if acked.any() else np.zeros(1)
     errors = {Error(int(e)).label: int(c) for e, c in zip(*np.unique(error[status == Status.FAILED],
-                                                                      return_counts=True))}
+                                                                      return_counts=True), strict=True)}
     return Figures(policy_text, len(status), int(acked.sum()), int((acked & (fate != Fate.COMMITTED)).sum()),
                    int(((status == Status.FAILED) & (fate == Fate.COMMITTED)).sum()), errors, outage,
                    float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), float(lat.max()))

@@ -3,7 +3,7 @@
 `publish(...)` is what a replay job calls once its core has produced, for all policies of one invocation,
 the message outcomes, the partition timelines and the unavailability intervals:
 
-1. derive committed_offsets, loss_metrics, watermarks and run_summary (pipelines.metrics) and persist every
+1. derive committed_offsets, loss_metrics, watermarks and run_summary (engine.metrics) and persist every
    run table (the gate and the writes read them);
 2. mark the runs `running`, run the output gate on the DataFrames (validate before write), write every run
    table (one Delta commit per table for all runs), mark the runs `succeeded` (Lakehouse.publish_runs).
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine import metrics
+from engine.metrics import RunInfo
 from expectations.output_gate import NamedCheck, RunOutputs, run_output_gate
-from pipelines import metrics
-from pipelines.lakehouse import Lakehouse, RunRecord
-from pipelines.metrics import RunInfo
+from storage.lakehouse import Lakehouse, RunRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 @dataclass
@@ -29,13 +32,13 @@ class ReplayResults:
 
     records: Sequence[RunRecord]
     infos: Sequence[RunInfo]
-    message_outcomes: Any
-    partition_states: Any
-    unavailability: Any
+    message_outcomes: DataFrame
+    partition_states: DataFrame
+    unavailability: DataFrame
     #: The clean trace events the replay read (SPEC §2.1 columns): watermarks and the message coverage check.
-    events: Any
+    events: DataFrame
     #: Stream mode: the run's own `watermarks` rows, one per micro-batch; None derives batch mode's one row.
-    watermarks: Any = None
+    watermarks: DataFrame | None = None
 
 
 def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:

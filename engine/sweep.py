@@ -10,9 +10,9 @@ range of seeds, and for each seed its task
    `expectations.trace_gate` on Arrow): quarantined rows leave the replay as in `replab replay`; a seed with a
    fatal row is not replayed and comes back with status `fatal` and its rule counts (reported, not dropped);
 3. routes each chunk per route class and advances one chunked kernel per (policy, replay unit)
-   (`replay/kernels/`, as `pipelines/replay_groups.py` does after its shuffle), so a task holds one chunk and
+   (`replay/kernels/`, as `engine/groups.py` does after its shuffle), so a task holds one chunk and
    the kernels' state, never a whole trace;
-4. returns one row per policy: every run_summary field (SPEC §4.4, the definitions of `pipelines.metrics`
+4. returns one row per policy: every run_summary field (SPEC §4.4, the definitions of `engine.metrics`
    computed with numpy over the kernels' message records), the gate's counts and, if asked, the per-window
    acked-lost and unavailable series.
 
@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines import worker_imports
+from engine import worker_imports
 from schemas.tables import SUMMARY_FIELDS, TABLES
 
 # Executor code is imported first in a Python worker: from here on its tasks start without re-reading zips.
@@ -163,7 +163,7 @@ def _percentiles(values: np.ndarray, qs: Sequence[float]) -> list[float | None]:
 
 
 def summarize(run: _Run, results: Sequence[Any], duration_us: int, window_us: int, series: bool) -> dict[str, Any]:
-    """Every run_summary field of one policy from its units' results (`pipelines.metrics.run_summary`'s
+    """Every run_summary field of one policy from its units' results (`engine.metrics.run_summary`'s
     definitions), and the per-window series when asked."""
     from schemas.outcomes import NULL_US, Fate, Status
 
@@ -172,7 +172,7 @@ def summarize(run: _Run, results: Sequence[Any], duration_us: int, window_us: in
     latencies, lags, lost_at = [], [], []
     unavailable_us = 0
     unavailable_series = np.zeros(n_windows, dtype=np.int64)
-    for unit, res in zip(run.layout.units, results):
+    for unit, res in zip(run.layout.units, results, strict=True):
         rec, fate = res.messages.records, res.messages.fate
         status = rec.status
         is_acked = status == Status.ACKED

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines import worker_imports
+from engine import worker_imports
 from replay.events import PartitionEvents
 from replay.families import Layout, RouteInput, family_of
 from replay.policies import Policy
@@ -104,7 +104,7 @@ def route_batches(plan: ReplayPlan):
     return fn
 
 
-class _Group:
+class UnitReplay:
     """One (class, unit) being replayed: a kernel per policy, the key dictionary, the held-back instant."""
 
     def __init__(self, plan: ReplayPlan, rc: RouteClass, unit: int) -> None:
@@ -179,7 +179,7 @@ def run_groups(plan: ReplayPlan):
     classes = {rc.index: rc for rc in plan.classes}
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        group: _Group | None = None
+        group: UnitReplay | None = None
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -193,7 +193,7 @@ def run_groups(plan: ReplayPlan):
                 if group is None or (group.rc.index, group.unit) != key:
                     if group is not None:
                         yield from group.finish()
-                    group = _Group(plan, classes[key[0]], key[1])
+                    group = UnitReplay(plan, classes[key[0]], key[1])
                 group.feed(table.slice(a, b - a))
         if group is not None:
             yield from group.finish()

@@ -11,7 +11,7 @@ group that receives it counts (rows in, rows late); the end-of-trace marker and 
 to the accounting group (−1, −1).
 
 `ReplayProcessor` (transformWithStateInPandas on RocksDB, keyed by (class, unit)) holds, per group, one
-`GroupReplay`: the events not yet fed (ts ≥ the feed frontier), the kernels of `pipelines/replay_groups._Group`
+`GroupReplay`: the events not yet fed (ts ≥ the feed frontier), the kernels of `engine/groups.UnitReplay`
 with their carried state, and, for classes routed in state, the fault timeline seen so far. A micro-batch:
 
 1. rows behind the event-time watermark in force (ts_us < watermark) are late: dropped, counted, and returned as
@@ -26,7 +26,7 @@ with their carried state, and, for classes routed in state, the fault timeline s
 
 Every group registers one event-time timer at ⌊duration_us / 1000⌋ + 1 ms. The source's end marker moves the
 watermark past it, and the timer feeds what is left, finishes the kernels (fates are judged at the end of the
-trace, SPEC §4.1) and emits the group's message, state, interval and unit rows, exactly as `_Group.finish` does in
+trace, SPEC §4.1) and emits the group's message, state, interval and unit rows, exactly as `UnitReplay.finish` does in
 batch mode. All groups finish in the same micro-batch, with the accounting group's END row.
 """
 
@@ -44,19 +44,20 @@ import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
-from pipelines.replay_groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, _Group
-from pipelines.stream_source import END_KIND
+from engine.groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, UnitReplay
 from replay.events import PartitionEvents
 from replay.families import RouteInput, family_of
 from replay.stream import reads_fault_timeline, routing_horizon_us
 from schemas.trace import KIND_LABELS, Kind
 
-# Row types beyond replay_groups' MESSAGE, STATE, UNAVAILABLE, UNIT
+# Row types beyond engine.groups' MESSAGE, STATE, UNAVAILABLE, UNIT
 STATS, LATE, END = 4, 5, 6
 ACCOUNTING = (-1, -1)
 END_CODE = len(KIND_LABELS)  # kind_code of the end-of-trace marker
 REPLICATE = int(Kind.REPLICATE)
 PRODUCE = int(Kind.PRODUCE)
+#: The kind label of the source's end-of-trace marker row
+END_KIND = "_end"
 
 # null_mask bits: the trace columns that were null in the source row (a LATE row's raw text restores them)
 NULL_BITS = {"broker": 1, "msg_id": 2, "size_bytes": 4, "producer_id": 8, "upto_us": 16}
@@ -77,7 +78,7 @@ ROUTED_SCHEMA = pa.schema([
 ])
 #: The group key. Not `cls`: pyspark builds the key as Row(**columns), whose first parameter is named cls.
 GROUP_KEY = ("class_id", "unit")
-#: What the kernels read of an event (`replay_groups._Group._events`): the batch job's grouped columns.
+#: What the kernels read of an event (`engine.groups.UnitReplay._events`): the batch job's grouped columns.
 EVENT_COLUMNS = tuple(c for c in GROUPED_COLUMNS if c != "cls")
 #: What a group keeps of a buffered row: the event columns plus the rank (routing in state).
 BUFFER_COLUMNS = (*EVENT_COLUMNS, "msg_rank")
@@ -233,7 +234,7 @@ class Router:
             yield src.emit(other, *ACCOUNTING, code[other] != END_CODE)
 
     def pack(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Source rows (stream_source.EVENT_SOURCE_SCHEMA) → one PACKED_SCHEMA row per group they go to."""
+        """Source rows (source.EVENT_SOURCE_SCHEMA) → one PACKED_SCHEMA row per group they go to."""
         classes, units, max_ts, blobs = [], [], [], []
         for rb in self._routed(_SourceRows(self.plan, batch, self.labels)):
             unit = rb.column("unit").to_numpy()
@@ -291,7 +292,7 @@ class GroupReplay:
         self.frontier_us = 0  # no on-time row can arrive with ts_us below it
         self.fed_us = 0  # the kernels have applied everything before it
         self.control = PartitionEvents.empty()  # routed in state: the faults with ts_us < frontier_us
-        self.groups: dict[int, _Group] = {}
+        self.groups: dict[int, UnitReplay] = {}
         self._plan: StreamPlan | None = plan
 
     # -------------------------------------------------------------------------------- (de)serialization
@@ -339,11 +340,11 @@ class GroupReplay:
         for unit in sorted(self.groups):
             yield from self.groups[unit].finish()
 
-    def _group(self, unit: int) -> _Group:
+    def _group(self, unit: int) -> UnitReplay:
         g = self.groups.get(unit)
         if g is None:
             plan = self._plan.replay
-            g = self.groups[unit] = _Group(plan, plan.classes[self.cls], unit)
+            g = self.groups[unit] = UnitReplay(plan, plan.classes[self.cls], unit)
         return g
 
     def _feed(self, frontier: int | None) -> None:
@@ -365,7 +366,7 @@ class GroupReplay:
             g = self._group(unit)
             rows = _sort_events(rows.select(list(EVENT_COLUMNS)))
             if final:
-                g.held = rows  # _Group.finish feeds the held rows up to duration_us + 1
+                g.held = rows  # UnitReplay.finish feeds the held rows up to duration_us + 1
             else:
                 events = g._events(rows)
                 for _, kernel in g.kernels:

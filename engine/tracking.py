@@ -34,7 +34,13 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from engine.plan import PolicyRun, RunFigures
+    from schemas.trace import Manifest
 
 # Before mlflow is imported anywhere through this module: no usage telemetry from a data pipeline.
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
@@ -76,6 +82,35 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     if "://" not in uri:
         # A bare path is a file store folder for MLflow; make it absolute for the same reason.
         return Path(uri).resolve().as_uri()
+    return uri
+
+
+def check_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The resolved URI, refused before any work if MLflow cannot use it: a file store (bad input, exit 2; MLflow
+    3.x refuses it) or a tracking server that does not answer (exit 1). A probe of its own, with a short timeout
+    (MLFLOW_HTTP_REQUEST_TIMEOUT, default 10 s), because MLflow's client retries a dead server for minutes."""
+    import urllib.error
+    import urllib.request
+    from importlib.metadata import version
+    from urllib.parse import urlparse
+
+    from schemas.errors import BadInput, ReplabError
+
+    uri = resolve_tracking_uri(tracking_uri)
+    scheme = urlparse(uri).scheme
+    if scheme == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
+        raise BadInput(f"tracking URI {tracking_uri or uri}: MLflow {version('mlflow')} refuses the file store; "
+                       f"use a database such as sqlite:///mlflow.db", rule="tracking-uri")
+    if scheme in ("http", "https"):
+        timeout = float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") or 10)
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # it answered (an auth proxy or an older server without /health): MLflow's client decides
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ReplabError(f"MLflow tracking server {uri} does not answer ({reason}); start it, or pass "
+                              "--no-mlflow") from exc
     return uri
 
 
@@ -229,7 +264,7 @@ def window_metrics(series, run_id: str, timestamp_ms: int) -> list[Any]:
     rows = series[series["run_id"] == run_id]
     out = []
     for window, lost, unavailable_us, p99 in zip(rows["window"], rows["acked_lost"], rows["unavailable_us"],
-                                                 rows["ack_latency_p99_ms"]):
+                                                 rows["ack_latency_p99_ms"], strict=True):
         step = int(window)
         out.append(Metric(SERIES_ACKED_LOST, float(lost), timestamp_ms, step))
         out.append(Metric(SERIES_UNAVAILABLE, float(unavailable_us) / 1e6, timestamp_ms, step))
@@ -262,16 +297,18 @@ def _now_ms() -> int:
 class ReplayTracker:
     """The MLflow runs of one replay invocation (one per policy), from before the writes to the end."""
 
-    client: Any
+    client: MlflowClient
     experiment_id: str
     experiment_name: str
     trace_id: str
-    runs: list[Any]  # pipelines.replay_job.PolicyRun
+    runs: list[PolicyRun]
     mode: str
     #: replab run_id -> MLflow run id (the `runs` table's mlflow_run_id)
     run_ids: dict[str, str] = field(default_factory=dict)
-    manifest: Any = None
+    manifest: Manifest | None = None
     ended: bool = False
+    #: Draws each run's plots (artifact name -> matplotlib figure); None logs no plots
+    figures: RunFigures | None = None
 
     @property
     def tracking_uri(self) -> str:
@@ -279,15 +316,17 @@ class ReplayTracker:
 
     @classmethod
     def start(cls, tracking_uri: str | None, experiment_name: str | None, manifest, runs: Sequence[Any],
-              mode: str = "batch", labels: Sequence[str] | None = None) -> ReplayTracker:
+              mode: str = "batch", figures: RunFigures | None = None,
+              labels: Sequence[str] | None = None) -> ReplayTracker:
         """`labels`: the policies as typed; a run is named by its preset when one was typed (canonical strings
         are long and the runs table cuts them off)."""
-        from pipelines import __version__
+        from schemas.version import __version__
 
         client = client_for(tracking_uri)
         name = experiment_name or manifest.trace_id
         experiment_id = ensure_experiment(client, name)
-        tracker = cls(client, experiment_id, name, manifest.trace_id, list(runs), mode, manifest=manifest)
+        tracker = cls(client, experiment_id, name, manifest.trace_id, list(runs), mode, manifest=manifest,
+                      figures=figures)
         invocation = uuid.uuid4().hex
         for run in runs:
             tracker._delete_earlier(run.run_id, keep_finished=True)
@@ -344,7 +383,7 @@ class ReplayTracker:
 
     # ------------------------------------------------------------------------------------------- logging
     def _log_results(self, report, lakehouse, window_ms: int, trace_dir, gate_reports: list[Path]) -> None:
-        from pipelines import report_data
+        from storage import report_data
 
         ids = [r.run_id for r in self.runs]
         window_us = int(window_ms) * 1000
@@ -384,24 +423,10 @@ class ReplayTracker:
 
     def _log_plots(self, mlflow_id: str, run, lakehouse, series, quantiles, window_us: int,
                    duration_us: int) -> None:
-        from pipelines import plots, report_data
-
-        label = run.canonical
-        q = quantiles[quantiles["run_id"] == run.run_id].assign(policy=label)
-        s = series[series["run_id"] == run.run_id]
-        timeline = s.assign(policy=label, t_s=s["window_start_us"] / 1e6, unavailable_s=s["unavailable_us"] / 1e6)
-        partitions = report_data.busiest_partitions(lakehouse, run.run_id)
-        history = report_data.partition_history(lakehouse, run.run_id, partitions, duration_us)
-        figures = {
-            "plots/latency_cdf.png": plots.latency_cdf(q, [label], title=f"Ack latency CDF: {label}"),
-            "plots/loss_timeline.png": plots.loss_timeline(
-                timeline, [label], window_s=window_us / 1e6,
-                title=f"Acked-and-lost messages and unavailability per window: {label}"),
-            "plots/partition_timeline.png": plots.partition_timeline(
-                history, duration_s=duration_us / 1e6,
-                title=f"Leader, ISR and high watermark of the busiest partitions: {label}"),
-        }
-        for artifact, fig in figures.items():
+        # The figures come from the caller (`report.figures.run_figures`): drawing is the report floor's job.
+        if self.figures is None:
+            return
+        for artifact, fig in self.figures(run, lakehouse, series, quantiles, window_us, duration_us).items():
             self.client.log_figure(mlflow_id, fig, artifact)
 
 

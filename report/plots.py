@@ -2,7 +2,7 @@
 
 Figures are built on the Agg canvas directly (no pyplot): no global figure registry to leak memory in long
 jobs, and no interference with the backend of a notebook that imports replab. Inputs are the plot-sized
-frames of `pipelines.report_data` (or MLflow's metric histories); nothing here touches Spark.
+frames of `storage.report_data` (or MLflow's metric histories); nothing here touches Spark.
 
 Conventions: time on x axes is trace time in seconds; latencies are in ms on a log axis, where a latency of 0
 (acks=0/1 acknowledge at append, SPEC §3.2 rule 4) is drawn at 1 µs, the trace's resolution, and the axis
@@ -204,7 +204,7 @@ def pareto(points: pd.DataFrame, *, title: str = "Durability against latency") -
     ax.set_xlim(lo / 3, hi * 30)
     ax.set_xlabel("ack latency p99 (ms, log scale; 0 ms drawn at 0.001 ms)")
     ax.set_ylabel("acknowledged messages lost (count, symlog)")
-    missing = [str(p) for p, ok in zip(pts["policy"], has_p99) if not ok]
+    missing = [str(p) for p, ok in zip(pts["policy"], has_p99, strict=True) if not ok]
     ax.set_title(title + (f"\n(not drawn, nothing acknowledged: {', '.join(missing)})" if missing else ""))
     ax.grid(True, which="both", alpha=0.3)
     return fig

@@ -3,8 +3,8 @@
 The query
 ---------
 ```
-trace events/ ──(stream_source: files in name order, ≤ N per micro-batch, then an end marker; each file routed
-and fanned out by stream_groups.Router as it is read: one packed row per group and source batch)──►
+trace events/ ──(engine/stream/source.py: files in name order, ≤ N per micro-batch, then an end marker; each file routed
+and fanned out by groups.Router as it is read: one packed row per group and source batch)──►
 withWatermark(max event time, allowed lateness) ──► groupBy(class_id, unit).transformWithStateInPandas(
 ReplayProcessor, RocksDB, event time) ──► foreachBatch(StreamSink)
 ```
@@ -13,14 +13,14 @@ ReplayProcessor, RocksDB, event time) ──► foreachBatch(StreamSink)
   has arrived, so routing uses "the fault timeline seen so far" and is still exact (`replay/stream.py`).
 - Each group buffers its events in the state store until the event-time watermark passes them, then feeds them
   in SPEC §2.2 order to the chunked kernels, whose carried state is kept in the same store as a snapshot plus a
-  log of the micro-batches since (`stream_groups.GroupReplay`, `ReplayProcessor`). Rows behind the watermark in
+  log of the micro-batches since (`groups.GroupReplay`, `ReplayProcessor`). Rows behind the watermark in
   force when they arrive are late: counted in `watermarks.rows_late` and quarantined (rule `behind-watermark`),
   never fed and never silently dropped.
 - A message's fate is known only when the trace ends (SPEC §4.1), so the final tables are produced when the
   watermark passes duration_us: the source's end marker moves it there, every group's end-of-trace event-time
   timer fires in that micro-batch, and that batch's sink keeps the kernels' final rows in the checkpoint. The
   driver then derives message_outcomes, partition_states, unavailability, committed_offsets, loss_metrics and
-  run_summary with the batch job's own `pipelines.publish` (same windows, same output gate, replaceWhere per
+  run_summary with the batch job's own `engine.publish` (same windows, same output gate, replaceWhere per
   run_id): they equal batch mode row for row.
 - Before the end, each micro-batch appends one `watermarks` row per run (batch id, event-time watermark in force,
   max event time seen, rows in, rows late) and quarantines its late rows. There are no provisional windows: every
@@ -61,11 +61,26 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipelines.replay_job import ReplayReport, ReplayRequest, frames_from_raw
+from engine.plan import ReplayReport, ReplayRequest, policy_runs, route_classes, run_infos, run_records
+from engine.replay import (
+    check_request,
+    control_timeline,
+    finish_tracker,
+    frames_from_raw,
+    start_tracker,
+    write_summary_json,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from engine.plan import PolicyRun
+    from schemas.trace import TraceFiles
+    from storage.lakehouse import Lakehouse
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +166,7 @@ def default_checkpoint(lakehouse_root: Path, fingerprint: dict[str, Any]) -> Pat
 # ------------------------------------------------------------------------------------------------ trace facts
 def is_complete(tf) -> tuple[bool, bool]:
     """(the trace is complete, it is complete as it is: hand-written, no `_COMPLETE` marker)."""
-    from pipelines.stream_source import complete_file_count, event_files
+    from engine.stream.source import complete_file_count, event_files
 
     count = complete_file_count(tf.events_path)
     if count is not None:
@@ -166,8 +181,8 @@ def replayed_events(spark, tf, exclude: dict[str, list[int]]):
     events/ to its 1-based rows (the trace gate's quarantined rows, the late rows)."""
     from pyspark.sql import functions as F
 
-    from pipelines.trace_loader import read_events_spark
     from schemas.trace import EVENT_COLUMNS
+    from storage.trace_loader import read_events_spark
 
     _, events = read_events_spark(spark, tf, with_location=True)
     pairs = [(str(Path(tf.events_path) / name), int(r)) for name, rows in exclude.items() for r in rows]
@@ -181,7 +196,7 @@ def late_rows(lakehouse, run_ids: list[str]) -> dict[str, list[int]]:
     """The rows this replay found behind the watermark (quarantined per micro-batch), by file name."""
     from pyspark.sql import functions as F
 
-    from pipelines.lakehouse import in_predicate
+    from storage.lakehouse import in_predicate
 
     out: dict[str, list[int]] = {}
     if lakehouse.version("quarantine") is None:
@@ -227,10 +242,10 @@ def _gate_complete_trace(spark, tf, lakehouse, runs, ck: StreamCheckpoint) -> No
 class StreamSink:
     """foreachBatch: watermarks and late rows per micro-batch (idempotent), the final tables at the end."""
 
-    spark: Any
-    lakehouse: Any
-    tf: Any
-    runs: list[Any]
+    spark: SparkSession
+    lakehouse: Lakehouse
+    tf: TraceFiles
+    runs: list[PolicyRun]
     request: ReplayRequest
     ck: StreamCheckpoint
     live: bool
@@ -247,7 +262,7 @@ class StreamSink:
         """After a restart: the largest event time recorded so far (watermarks rows are cumulative)."""
         from pyspark.sql import functions as F
 
-        from pipelines.lakehouse import in_predicate
+        from storage.lakehouse import in_predicate
 
         if self.lakehouse.version("watermarks") is None:
             return
@@ -259,7 +274,7 @@ class StreamSink:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        from pipelines.stream_groups import END, LATE, STATS
+        from engine.stream.groups import END, LATE, STATS
 
         try:
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -284,18 +299,8 @@ class StreamSink:
 
     # ------------------------------------------------------------------------------ per micro-batch
     def _append_once(self, table: str, df, batch_id: int) -> None:
-        """Append a micro-batch's rows exactly once: Delta skips a (txnAppId, txnVersion) it has committed."""
-        from pipelines.lakehouse import with_retries
-
-        data = self.lakehouse.conform(table, df)
-        path = self.lakehouse.path(table)
-        app_id = f"replab-stream-{self.ck.uid}-{table}"
-
-        def write() -> None:
-            (data.write.format("delta").mode("append").option("txnAppId", app_id)
-             .option("txnVersion", batch_id).save(path))
-
-        with_retries(write, f"append {table} micro-batch {batch_id}")
+        """Append a micro-batch's rows exactly once (app id: this checkpoint's uid and the table)."""
+        self.lakehouse.append_once(table, df, app_id=f"replab-stream-{self.ck.uid}-{table}", version=batch_id)
 
     def _watermarks(self, batch_id: int, stats) -> None:
         from schemas.tables import TABLES
@@ -314,8 +319,8 @@ class StreamSink:
         """Quarantine rows (SPEC §5) for late rows: the raw row as the trace gate writes it, per run."""
         from pyspark.sql import functions as F
 
-        from pipelines.stream_groups import NULL_BITS
-        from pipelines.stream_source import event_files
+        from engine.stream.groups import NULL_BITS
+        from engine.stream.source import event_files
         from schemas.trace import KIND_LABELS
 
         spark = late.sparkSession  # foreachBatch's session: DataFrames of one query share it
@@ -346,7 +351,7 @@ class StreamSink:
         the driver's session cannot see. Overwritten whole, so a micro-batch run again writes the same files."""
         from pyspark.sql import functions as F
 
-        from pipelines.replay_groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+        from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
 
         self.progress("the watermark passed the end of the trace: every group finished")
         (df.where(F.col("rtype").isin(MESSAGE, STATE, UNAVAILABLE, UNIT)).write.mode("overwrite")
@@ -367,11 +372,10 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
                   tracker=None, progress: Callable[[str], None] | None = None) -> Published:
     """The final tables from the kernels' rows of the last micro-batch, with the batch job's `publish` (windows,
     summary, output gate, replaceWhere per run) and the stream's own watermarks rows."""
+    from engine.publish import ReplayResults, publish
     from expectations import invariants
-    from pipelines.lakehouse import in_predicate
-    from pipelines.publish import ReplayResults, publish
-    from pipelines.replay_job import control_timeline, run_infos, run_records
     from schemas.tables import TABLES
+    from storage.lakehouse import in_predicate
 
     manifest = tf.manifest
     run_ids = [r.run_id for r in runs]
@@ -411,8 +415,8 @@ def _gate_live_trace(spark, lakehouse, tf, run_ids: list[str]):
     """A live trace is gated once complete. The gate replaces the trace's quarantine rows, so this replay's late
     rows are put back after it."""
     from expectations.trace_gate import run_trace_gate
-    from pipelines.lakehouse import in_predicate
     from schemas.tables import TABLES
+    from storage.lakehouse import in_predicate
 
     late = []
     if lakehouse.version("quarantine") is not None:
@@ -435,14 +439,12 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
                       live_trigger_seconds: float = LIVE_TRIGGER_SECONDS) -> ReplayReport:
     """The whole replay of one trace under every policy of the request, as a stream (see the module docstring)."""
 
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.replay_job import policy_runs, run_records
-    from pipelines.trace_loader import locate
     from schemas.errors import BadInput
     from schemas.tables import TABLES
+    from storage.lakehouse import Lakehouse
+    from storage.trace_loader import locate
 
-    if request.window_ms <= 0:
-        raise BadInput(f"--window-ms must be > 0, got {request.window_ms}", rule="argument")
+    check_request(request)
     if request.allowed_lateness_ms < 0:
         raise BadInput(f"--allowed-lateness-ms must be >= 0, got {request.allowed_lateness_ms}", rule="argument")
     if files_per_trigger < 1:
@@ -456,13 +458,14 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     runs = policy_runs(request.policies, manifest)
     run_ids = [r.run_id for r in runs]
     lakehouse = Lakehouse(request.lakehouse, spark, create=False)
+    lakehouse.check_writable()
     fingerprint = _fingerprint(manifest, runs, request)
     ck_root = Path(request.checkpoint) if request.checkpoint else default_checkpoint(lakehouse.root, fingerprint)
     ck = StreamCheckpoint.open(ck_root.resolve(), fingerprint)
     if ck.published:
         step(f"stream replay already complete (checkpoint {ck.root})")
         report = _report(lakehouse, manifest, runs, ck)
-        _write_summary_json(request, report)
+        write_summary_json(request, report)
         return report
 
     if ck.live is None:  # decided once: a live trace stays live for its restarts (gate at the end, ids from 1)
@@ -489,12 +492,7 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     plan = stream_plan(manifest, runs, request.window_ms, request.allowed_lateness_ms,
                        rank_base=ck.rank_base if ck.gated else 1, sorted_msg_ids=sorted_ids)
 
-    tracker = None
-    if request.mlflow:
-        from pipelines import tracking
-
-        tracker = tracking.ReplayTracker.start(request.tracking_uri, request.experiment or manifest.trace_id,
-                                               manifest, runs, mode="stream", labels=request.labels)
+    tracker = start_tracker(request, manifest, runs, "stream")
     if not ck.final_written:
         _run_query(spark, tf, plan, ck, request, step, live, files_per_trigger, live_trigger_seconds, runs,
                    lakehouse, tracker)
@@ -506,12 +504,8 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
         raise
     report = ReplayReport(manifest.trace_id, runs, done.summaries, str(lakehouse.root), done.quarantined,
                           trace_gate_report=done.gate_report)
-    if tracker is not None:
-        step("MLflow")
-        tracker.finish(report, lakehouse, window_ms=request.window_ms, trace_dir=tf.root,
-                       gate_reports=[p for p in (done.gate_report,) if p])
-        report.mlflow, report.experiment = tracker.run_ids, tracker.experiment_name
-    _write_summary_json(request, report)
+    finish_tracker(tracker, report, lakehouse, request, tf.root, [done.gate_report], step)
+    write_summary_json(request, report)
     return report
 
 
@@ -519,14 +513,14 @@ def replay_stream(spark, events_dir: str, plan, plan_file: Path, *,
                   files_per_trigger: int = DEFAULT_FILES_PER_TRIGGER, complete_as_is: bool = False,
                   exclude_file: Path | None = None):
     """The streaming DataFrame of the replay (module docstring, "The query"): kernel rows in the schema of
-    `stream_groups.STREAM_OUTPUT_DDL`, one micro-batch at a time. `plan` (a `stream_groups.StreamPlan`) is written
+    `groups.STREAM_OUTPUT_DDL`, one micro-batch at a time. `plan` (a `groups.StreamPlan`) is written
     to `plan_file`, where the source's readers find it."""
     import pickle
 
     from pyspark.sql import functions as F
 
-    from pipelines.stream_groups import GROUP_KEY, STREAM_OUTPUT_DDL, ReplayProcessor
-    from pipelines.stream_source import SOURCE_NAME, TraceEventsSource
+    from engine.stream.groups import GROUP_KEY, STREAM_OUTPUT_DDL, ReplayProcessor
+    from engine.stream.source import SOURCE_NAME, TraceEventsSource
 
     plan_file.parent.mkdir(parents=True, exist_ok=True)
     plan_file.write_bytes(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
@@ -548,10 +542,9 @@ def replay_stream(spark, events_dir: str, plan, plan_file: Path, *,
 
 def stream_plan(manifest, runs, window_ms: int, allowed_lateness_ms: int, *, rank_base: int | None = 1,
                 sorted_msg_ids: np.ndarray | None = None):
-    """The `stream_groups.StreamPlan` of a replay: the batch job's route classes and the stream's settings."""
-    from pipelines.replay_groups import ReplayPlan
-    from pipelines.replay_job import route_classes
-    from pipelines.stream_groups import StreamPlan, fanout
+    """The `groups.StreamPlan` of a replay: the batch job's route classes and the stream's settings."""
+    from engine.groups import ReplayPlan
+    from engine.stream.groups import StreamPlan, fanout
     from replay.events import PartitionEvents
 
     classes = route_classes(runs)
@@ -596,16 +589,10 @@ def _run_query(spark, tf, plan, ck: StreamCheckpoint, request: ReplayRequest, st
 
 
 def _report(lakehouse, manifest, runs, ck: StreamCheckpoint) -> ReplayReport:
-    from pipelines.lakehouse import in_predicate
+    from storage.lakehouse import in_predicate
 
     rows = {r["run_id"]: r.asDict() for r in lakehouse.read("run_summary")
             .where(in_predicate("run_id", [r.run_id for r in runs])).collect()}
     return ReplayReport(manifest.trace_id, runs, [rows.get(r.run_id, {}) for r in runs], str(lakehouse.root),
                         ck.quarantined, trace_gate_report=ck.gate_report)
 
-
-def _write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
-    if request.summary_json:
-        out = Path(request.summary_json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report.summary_json(), indent=1) + "\n")

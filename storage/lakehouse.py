@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import __version__
-from schemas.errors import ReplabError
+from schemas.errors import BadInput, ReplabError
 from schemas.tables import TABLES, TableSpec
+from schemas.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ RUN_TABLES: tuple[str, ...] = ("message_outcomes", "partition_states", "unavaila
 MAX_ATTEMPTS = 12
 
 
+_NO_SPACE = "No space left on device"
 _CONFLICT_MARKERS = ("DELTA_CONCURRENT", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED", "concurrent update")
 #: Two processes creating the same table race for version 0: the loser may find a log folder without a commit
 #: yet, or the winner's commit file. Both resolve on the next attempt (then the table exists).
@@ -67,6 +69,9 @@ def with_retries(action: Callable[[], Any], what: str, attempts: int = MAX_ATTEM
             return action()
         except Exception as exc:
             if attempt == attempts or not _retryable(exc, creating=creating):
+                if _NO_SPACE in str(exc):  # Delta committed nothing: the write failed before its commit
+                    raise ReplabError(f"{what}: no space left on device (the lakehouse's disk is full); "
+                                      "this write was not committed") from exc
                 raise
             delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
             log.info("%s: concurrent commit (%s); retry %d in %.2fs", what, type(exc).__name__, attempt, delay)
@@ -114,7 +119,7 @@ class Lakehouse:
 
     def __init__(self, root: str | Path, spark=None, *, create: bool = True) -> None:
         if spark is None:
-            from pipelines.session import get_spark
+            from storage.session import get_spark
 
             spark = get_spark()
         self.spark = spark
@@ -123,6 +128,18 @@ class Lakehouse:
         self._pending_validations: list[Mapping[str, Any]] = []
         if create:
             self.create_tables()
+
+    def check_writable(self) -> None:
+        """Refuse a root that cannot be written (exit 2) before any work, without creating anything: its nearest
+        existing folder must be a writable folder (a read-only mount or a file in the path is refused)."""
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise BadInput(f"lakehouse {self.root} is not writable: {existing} is not a folder", rule="lakehouse")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise BadInput(f"lakehouse {self.root} is not writable ({existing}: permission denied or read-only)",
+                           rule="lakehouse")
 
     # ------------------------------------------------------------------------------------------- layout
     @property
@@ -233,6 +250,18 @@ class Lakehouse:
              .save(path))
 
         with_retries(write, f"replace {table} where {predicate[:80]}")
+
+    def append_once(self, table: str, df, *, app_id: str, version: int) -> None:
+        """Append `df`'s rows exactly once: Delta skips a (txnAppId, txnVersion) it has already committed, so a
+        stream's micro-batch that runs again after a crash writes nothing twice."""
+        data = self.conform(table, df)
+        path = self.path(table)
+
+        def write() -> None:
+            (data.write.format("delta").mode("append").option("txnAppId", app_id)
+             .option("txnVersion", version).save(path))
+
+        with_retries(write, f"append {table} ({app_id} version {version})")
 
     def replace_run(self, table: str, key_values: str | Sequence[str], df) -> None:
         """Replace exactly these runs' rows of `table` (keyed by the table's run key, SPEC §5)."""

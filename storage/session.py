@@ -33,7 +33,7 @@ def jars_dir() -> Path:
     return Path(os.environ.get("REPLAB_JARS_DIR", _REPO_ROOT / ".cache" / "jars"))
 
 
-def _cached_jars() -> list[str] | None:
+def cached_jars() -> list[str] | None:
     """Jars resolved by an earlier run, so that later runs start without Maven Central."""
     listing = jars_dir() / f"{delta_package().replace(':', '_')}.list"
     if not listing.is_file():
@@ -103,7 +103,7 @@ def get_spark(
         "spark.sql.warehouse.dir": os.environ.get("REPLAB_WAREHOUSE_DIR", str(Path.cwd() / "spark-warehouse")),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}",
     }
-    jars = _cached_jars()
+    jars = cached_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)
     else:

@@ -12,7 +12,7 @@ order of names is the time order"), and this source follows it:
   skipped;
 - once the trace is complete the source emits one marker row (kind `_end`, ts_us = `end_us`) after the last
   file. Its event time moves the event-time watermark past `duration_us`, which fires every replay group's
-  end-of-trace timer (pipelines/stream_job.py). A trace is complete when `events/_COMPLETE` (JSON
+  end-of-trace timer (engine/stream/query.py). A trace is complete when `events/_COMPLETE` (JSON
   `{"files": N}`, written last by `replab generate`, live or not) names N files and N are present; with
   `complete_as_is` (a hand-written trace, whose manifest has no generator) the files present when the query
   first plans a batch are the whole trace.
@@ -35,12 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from engine.stream.groups import END_KIND
 from schemas.trace import EVENT_ARROW_SCHEMA, EVENT_COLUMNS
 
 SOURCE_NAME = "replab_trace_events"
-END_KIND = "_end"
 COMPLETE_MARKER = "_COMPLETE"
-#: The events as read, with where they come from: what `stream_groups.Router` routes and packs.
+#: The events as read, with where they come from: what `engine.stream.groups.Router` routes and packs.
 EVENT_SOURCE_SCHEMA = pa.schema([*EVENT_ARROW_SCHEMA, pa.field("file_idx", pa.int32()),
                                  pa.field("row", pa.int64())])
 ROWS_PER_BATCH = 65_536
@@ -81,7 +81,7 @@ def _router(plan_file: str):
     if router is None:
         import pickle
 
-        from pipelines.stream_groups import Router
+        from engine.stream.groups import Router
 
         router = _ROUTERS[plan_file] = Router(pickle.loads(Path(plan_file).read_bytes()))
     return router
@@ -147,7 +147,7 @@ class _Reader(DataSourceStreamReader):
                       *(pa.nulls(1, f.type) for f in EVENT_SOURCE_SCHEMA if f.name not in ("ts_us", "kind"))]
             yield router.pack(pa.RecordBatch.from_arrays(arrays, schema=EVENT_SOURCE_SCHEMA))
             return
-        from pipelines.trace_loader import check_arrow_schema
+        from storage.trace_loader import check_arrow_schema
 
         pf = pq.ParquetFile(partition.path)
         check_arrow_schema(pf.schema_arrow, file=partition.path)
@@ -169,7 +169,7 @@ class TraceEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        from pipelines.stream_groups import PACKED_DDL
+        from engine.stream.groups import PACKED_DDL
 
         return PACKED_DDL
 

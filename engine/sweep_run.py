@@ -1,14 +1,14 @@
 """A whole sweep (SPEC §1 "Sweep", §6.1): the distributed job, its output gate, its two Delta tables, its estimates
 and its MLflow runs. `replab sweep`, `replab recommend`, spark-submit and notebook 04 call `run_sweep`.
 
-1. `pipelines.sweep_engine.run_sweep_job`: ONE Spark job; per (seed, policy) every run_summary field;
+1. `engine.sweep.run_sweep_job`: ONE Spark job; per (seed, policy) every run_summary field;
 2. `expectations.sweep_gate`: the output gate, once, on those rows (before anything is written);
 3. lakehouse: `sweep_results` (one row per seed and policy) then `sweeps` (one row, the commit marker), each
    ONE Delta commit replacing the rows of this `sweep_id` (replaceWhere), so a re-run, or a run after a
    killed one, ends with the same rows. The sweep id hashes what determines the results (scenario
    parameters, scale, seeds, canonical policies, window, series, replab version); `reuse=True` reads a
    succeeded sweep of that id back instead of running it again;
-4. estimates per policy (`pipelines.sweep_estimates`), `<out>/sweep.json` and `<out>/sweep.csv`;
+4. estimates per policy (`engine.sweep_estimates`), `<out>/sweep.json` and `<out>/sweep.csv`;
 5. MLflow: one experiment, a parent run for the sweep and a child run per policy, named as typed.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.sweep_estimates import CONFIDENCE, METRICS, PolicyEstimate, estimate
+from engine.sweep_estimates import CONFIDENCE, METRICS, PolicyEstimate, estimate
 
 TAG_KIND_SWEEP = "sweep"
 TAG_KIND_SWEEP_POLICY = "sweep_policy"
@@ -106,7 +106,7 @@ def sweep_name(scenario: str, scale: float, seeds: Sequence[int]) -> str:
 
 def sweep_id_for(scenario, scale: float, seeds: Sequence[int], policies: Sequence[str], window_ms: int,
                  series: bool) -> str:
-    from pipelines import __version__
+    from schemas.version import __version__
 
     key = json.dumps({"scenario": scenario.to_json(), "scale": scale, "seeds": [seeds[0], seeds[-1]],
                       "policies": list(policies), "window_ms": window_ms, "series": series,
@@ -117,7 +117,7 @@ def sweep_id_for(scenario, scale: float, seeds: Sequence[int], policies: Sequenc
 def check_request(request: SweepRequest):
     """Bad input (exit 2) before any Spark work: seeds, policies, the scenario and its scale."""
     from generators.generate import build_plan
-    from generators.scenario import resolve_scenario
+    from generators.library import resolve_scenario
     from schemas.errors import BadInput
 
     if request.seeds < 1:
@@ -128,6 +128,8 @@ def check_request(request: SweepRequest):
         raise BadInput(f"--window-ms must be > 0, got {request.window_ms}", rule="arguments")
     if not request.policies:
         raise BadInput("a sweep needs at least one --policy", rule="arguments")
+    if request.labels is not None and len(request.labels) != len(request.policies):
+        raise BadInput(f"{len(request.labels)} labels for {len(request.policies)} policies", rule="arguments")
     seen: dict[str, int] = {}
     for i, p in enumerate(request.policies):
         c = p.canonical()
@@ -145,7 +147,7 @@ def stored_rows(lakehouse, sweep_id: str) -> list[dict[str, Any]] | None:
     """The results of a succeeded sweep of this id, or None."""
     from pyspark.sql import functions as F
 
-    from pipelines.lakehouse import sql_string
+    from storage.lakehouse import sql_string
 
     root = Path(lakehouse.root)
     if not (root / "sweeps" / "_delta_log").is_dir() or not (root / "sweep_results" / "_delta_log").is_dir():
@@ -176,9 +178,9 @@ def publish(lakehouse, sweep_id: str, rows: list[dict[str, Any]], sweep_row: dic
 
 # ------------------------------------------------------------------------------------------------ the sweep
 def run_sweep(spark, request: SweepRequest, *, log: Callable[[str], None] | None = None) -> SweepReport:
-    from pipelines import __version__
-    from pipelines.lakehouse import Lakehouse
-    from pipelines.sweep_engine import SweepSpec, run_sweep_job, slug
+    from engine.sweep import SweepSpec, run_sweep_job, slug
+    from schemas.version import __version__
+    from storage.lakehouse import Lakehouse
 
     say = log or (lambda text: None)
     started_wall = time.monotonic()
@@ -186,7 +188,7 @@ def run_sweep(spark, request: SweepRequest, *, log: Callable[[str], None] | None
     seeds = list(range(request.first_seed, request.first_seed + request.seeds))
     canonical = [p.canonical() for p in request.policies]
     labels = list(request.labels or canonical)
-    label_of = dict(zip(canonical, labels))
+    label_of = dict(zip(canonical, labels, strict=True))
     sweep_id = sweep_id_for(scenario, request.scale, seeds, canonical, request.window_ms, request.series)
     name = sweep_name(scenario.name, request.scale, seeds)
     out_dir = Path(request.out) if request.out else Path("sweeps") / slug(name)
@@ -245,7 +247,8 @@ def log_sweep(sweep: SweepReport, request: SweepRequest, *, experiment: str,
     sweep id in this experiment is replaced."""
     from mlflow.entities import Metric
 
-    from pipelines import __version__, tracking
+    from engine import tracking
+    from schemas.version import __version__
 
     client = tracking.client_for(request.tracking_uri)
     experiment_id = tracking.ensure_experiment(client, experiment)

@@ -78,7 +78,7 @@ def latency_quantiles(lakehouse, run_ids: Sequence[str],
             .agg(F.percentile_approx("latency_us", F.array(*[F.lit(q) for q in qs]), PERCENTILE_ACCURACY)
                  .alias("lat"))
             .collect()) if ids else []
-    records = [(r["run_id"], q, v / 1000.0) for r in rows for q, v in zip(qs, r["lat"])]
+    records = [(r["run_id"], q, v / 1000.0) for r in rows for q, v in zip(qs, r["lat"], strict=True)]
     return pd.DataFrame(records, columns=["run_id", "quantile", "latency_ms"])
 
 

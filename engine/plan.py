@@ -1,0 +1,129 @@
+"""The replay plan that batch and stream modes share: the policies of one invocation (layouts, run ids, route
+classes), the request and the report, and the run records and infos the outputs are written with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replay.families import Layout
+    from replay.policies import Policy
+
+#: Draws one policy run's plots for its MLflow run: (run, lakehouse, window series, latency quantiles,
+#: window_us, duration_us) -> {artifact name: matplotlib figure}; `report.figures.run_figures` is the one in use.
+RunFigures = Callable[..., dict[str, Any]]
+
+
+@dataclass
+class PolicyRun:
+    """One policy of an invocation, with everything the outputs need to know about it."""
+
+    index: int
+    policy: Policy
+    run_id: str
+    layout: Layout
+    partitions: int
+    #: unit -> the partitions (Kafka) or queues (RocketMQ) its timeline and unavailability apply to
+    unit_partitions: dict[int, tuple[int, ...]]
+    min_insync_replicas: int | None
+
+    @property
+    def canonical(self) -> str:
+        return self.policy.canonical()
+
+
+@dataclass
+class ReplayReport:
+    """What `run_replay` returns: one summary per policy, in --policy order, and where things went."""
+
+    trace_id: str
+    runs: list[PolicyRun]
+    summaries: list[dict[str, Any]]
+    lakehouse: str | None
+    quarantined: int = 0
+    mlflow: dict[str, str] = field(default_factory=dict)
+    experiment: str | None = None
+    trace_gate_report: str | None = None
+    output_gate_report: str | None = None
+    #: How to name each policy in tables (default: its canonical string)
+    labels: list[str] | None = None
+
+    def summary_json(self) -> list[dict[str, Any]]:
+        """SPEC §6.1: one object per policy in --policy order: policy, run_id and every run_summary field."""
+        from schemas.tables import SUMMARY_FIELDS
+
+        return [{"policy": r.canonical, "run_id": r.run_id, **{k: s.get(k) for k in SUMMARY_FIELDS}}
+                for r, s in zip(self.runs, self.summaries, strict=True)]
+
+
+@dataclass
+class ReplayRequest:
+    trace: str
+    policies: list[Policy]
+    lakehouse: str = "lakehouse"
+    window_ms: int = 1000
+    mode: str = "batch"
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    mlflow: bool = True
+    summary_json: str | None = None
+    checkpoint: str | None = None
+    allowed_lateness_ms: int = 0
+    #: The plots logged with each MLflow run (`report.figures.run_figures`); None logs none
+    figures: RunFigures | None = None
+    #: The policies as typed (MLflow run names: a preset name rather than the canonical string)
+    labels: list[str] | None = None
+
+
+def policy_runs(policies: Sequence[Policy], manifest) -> list[PolicyRun]:
+    """Layouts, run ids and partition maps of the policies; the same policy twice is bad input."""
+    from replay.families import family_of
+    from replay.policies import run_id
+    from schemas.errors import BadInput
+    from schemas.version import __version__
+
+    seen: dict[str, int] = {}
+    out = []
+    for i, policy in enumerate(policies):
+        canonical = policy.canonical()
+        if canonical in seen:
+            raise BadInput(f"--policy #{i + 1} ({canonical}) is the same policy as --policy #{seen[canonical] + 1}",
+                           rule="policy-duplicate")
+        seen[canonical] = i
+        fam = family_of(policy)
+        layout = fam.layout(policy, manifest)
+        unit_parts = {u: tuple(fam.partitions_of(policy, layout, u)) for u in layout.units}
+        out.append(PolicyRun(i, policy, run_id(manifest.trace_id, policy, __version__), layout,
+                             fam.partition_count(policy, layout), unit_parts, fam.min_insync_replicas(policy)))
+    return out
+
+
+def route_classes(runs: Sequence[PolicyRun]):
+    """Group policies that route every message identically (`Family.routing_key`): one shuffle group each."""
+    from engine.groups import RouteClass
+    from replay.families import family_of
+
+    classes: dict[Any, RouteClass] = {}
+    for r in runs:
+        key = family_of(r.policy).routing_key(r.policy)
+        if key not in classes:
+            classes[key] = RouteClass(len(classes), [])
+        classes[key].members.append((r.index, r.policy, r.layout))
+    return list(classes.values())
+
+
+def run_infos(runs: Sequence[PolicyRun], manifest, replication_bytes: dict[str, int]):
+    from engine.metrics import RunInfo
+
+    return [RunInfo(r.run_id, manifest.duration_us, r.partitions, r.min_insync_replicas, r.layout.brokers_used,
+                    r.layout.replicas_per_message, replication_bytes.get(r.run_id, 0)) for r in runs]
+
+
+def run_records(runs: Sequence[PolicyRun], trace_id: str, mode: str, mlflow_ids: dict[str, str] | None = None):
+    from storage.lakehouse import RunRecord
+
+    ids = mlflow_ids or {}
+    return [RunRecord(r.run_id, trace_id, r.canonical, r.policy.family, r.policy.params(), mode,
+                      mlflow_run_id=ids.get(r.run_id)) for r in runs]

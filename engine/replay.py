@@ -1,0 +1,307 @@
+"""The replay engine: one trace under policies on Spark (SPEC §4); the batch mode, and what stream mode shares.
+
+The job only routes, groups and writes; every rule of SPEC §3 lives in `replay/` (the kernels):
+
+1. read the trace and run the trace gate (SPEC §2.3, §7): fatal rules stop with exit 2 before any table is
+   written; quarantined rows leave the replay;
+2. plan: policies whose routing is identical form one *route class* (`replay/families.routing_key`); the small
+   fault timeline (no replication progress, no produce) is collected once for liveness-aware routing;
+3. route produce events per class (`mapInArrow`, no shuffle) and fan broker events out to the units (Kafka
+   partitions, RocketMQ broker groups) whose replicas they concern (broadcast join, no shuffle);
+4. ONE shuffle: every (class, unit)'s events to one task, sorted by time in the SPEC §2.2 order, replayed there
+   in time chunks by one chunked kernel per policy (`engine/groups.py`);
+5. split the kernels' output into message_outcomes, partition_states and unavailability, then hand them to
+   `engine.publish` (windows, summary, output gate, Delta writes, run protocol) and MLflow.
+
+Several `--policy` arguments share steps 1-4: one read, one gate, one shuffle (SPEC §10 "one pass").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.plan import (
+    PolicyRun,
+    ReplayReport,
+    ReplayRequest,
+    policy_runs,
+    route_classes,
+    run_infos,
+    run_records,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from engine.tracking import ReplayTracker
+    from replay.events import PartitionEvents
+    from storage.lakehouse import Lakehouse
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplayFrames:
+    """The replay's raw results for every policy of one invocation (Spark DataFrames in the table schemas)."""
+
+    runs: list[PolicyRun]
+    message_outcomes: DataFrame
+    partition_states: DataFrame
+    unavailability: DataFrame
+    replication_bytes: dict[str, int]
+    control: PartitionEvents | None = None  # the fault timeline the plan routed with
+    raw: DataFrame | None = None  # the persisted kernel output the three frames read
+
+    def release(self) -> None:
+        if self.raw is not None:
+            self.raw.unpersist()
+
+
+def control_timeline(events_df):
+    """The fault timeline (crash … heal, no replicate, no produce) on the driver: small by nature."""
+    from pyspark.sql import functions as F
+
+    from replay.events import PartitionEvents
+    from schemas.trace import Kind
+
+    control_kinds = [k.label for k in Kind if k not in (Kind.REPLICATE, Kind.PRODUCE)]
+    rows = (events_df.where(F.col("kind").isin(*control_kinds)).select("ts_us", "kind", "broker")
+            .toArrow())
+    ts = rows.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
+    kind = np.array([Kind.from_label(k).value for k in rows.column("kind").to_pylist()], dtype=np.int8)
+    broker = rows.column("broker").to_numpy(zero_copy_only=False).astype(np.int64)
+    z = np.zeros(0, dtype=np.int64)
+    return PartitionEvents(z, z, z, ts, kind, broker, np.zeros(len(ts), dtype=np.int64)).sorted()
+
+
+def _kind_code():
+    """SPEC §2.2's same-instant order as a sortable code (schemas.trace.Kind values)."""
+    from pyspark.sql import functions as F
+
+    from schemas.trace import KIND_LABELS
+
+    return (F.array_position(F.array(*[F.lit(k) for k in KIND_LABELS]), F.col("kind")) - 1).cast("tinyint")
+
+
+def with_msg_rank(produce_df):
+    """Each message's index in msg_id order over the whole trace (SPEC §3.2 rule 1, §3.3 rule 2).
+
+    Generated traces number messages densely (1..n), and msg_id is unique (trace gate), so the rank is
+    msg_id − min when max − min + 1 = count: no sort. Otherwise one range-partitioned sort numbers them.
+    """
+    from pyspark.sql import functions as F
+
+    stats = produce_df.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"),
+                           F.count(F.lit(1)).alias("n")).first()
+    if stats["n"] == 0:
+        return produce_df.withColumn("msg_rank", F.lit(0).cast("long"))
+    if stats["hi"] - stats["lo"] + 1 == stats["n"]:
+        return produce_df.withColumn("msg_rank", F.col("msg_id") - F.lit(int(stats["lo"])))
+    spark = produce_df.sparkSession
+    parts = max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    ordered = (produce_df.repartitionByRange(parts, "msg_id").sortWithinPartitions("msg_id")
+               .withColumn("_p", F.spark_partition_id()).withColumn("_m", F.monotonically_increasing_id())
+               .persist())
+    counts = sorted((r["_p"], r["count"]) for r in ordered.groupBy("_p").count().collect())
+    offsets, total = {}, 0
+    for p, c in counts:
+        offsets[p] = total
+        total += c
+    offset = F.element_at(F.create_map(*[x for p, o in offsets.items() for x in (F.lit(p), F.lit(o))]), F.col("_p"))
+    local = F.col("_m") - F.shiftleft(F.col("_p").cast("long"), 33)  # monotonically_increasing_id's layout
+    return ordered.withColumn("msg_rank", (offset + local).cast("long")).drop("_p", "_m")
+
+
+# ------------------------------------------------------------------------------------------------ the replay
+def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_ms: int = 1000) -> ReplayFrames:
+    """Steps 2-5 of the module docstring for clean events (SPEC §2.1 columns); nothing is written."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from engine.groups import (
+        OUTPUT_DDL,
+        ROUTED_DDL,
+        ReplayPlan,
+        route_batches,
+        run_groups,
+    )
+    from schemas.trace import Kind
+
+    classes = route_classes(runs)
+    plan = ReplayPlan(manifest, classes, control_timeline(events_df), window_us=window_ms * 1000)
+
+    events = events_df.withColumn("kind_code", _kind_code())
+    produce = with_msg_rank(events.where(F.col("kind_code") == int(Kind.PRODUCE))
+                            .select("ts_us", "msg_id", "key", "size_bytes", "producer_id"))
+    routed = produce.mapInArrow(route_batches(plan), ROUTED_DDL)
+
+    # Broker events go to every unit that hosts the broker, in every class (a kernel ignores other brokers).
+    fanout = spark.createDataFrame(
+        [(rc.index, u, b) for rc in classes for u in rc.units for b in rc.router[1].replicas[u]],
+        "cls INT, unit INT, broker INT").dropDuplicates()
+    brokers = events.where(F.col("kind_code") != int(Kind.PRODUCE)).join(F.broadcast(fanout), "broker")
+    broker_rows = brokers.select(
+        "cls", "unit", "ts_us", "kind_code", "broker", "upto_us", F.lit(None).cast("long").alias("msg_id"),
+        F.lit(None).cast("int").alias("size_bytes"), F.lit(None).cast("string").alias("key"),
+        F.lit(None).cast("int").alias("producer_id"), F.lit(None).cast("int").alias("partition"),
+        F.lit(None).cast("long").alias("delay_us"))
+
+    groups = max(1, sum(len(rc.units) for rc in classes))
+    parts = min(groups, max(1, int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    grouped = (routed.unionByName(broker_rows)
+               .repartition(parts, "cls", "unit")
+               .sortWithinPartitions("cls", "unit", "ts_us", "kind_code", "msg_id", "broker"))
+    raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+
+    messages, states, intervals, totals = frames_from_raw(spark, runs, raw)
+    return ReplayFrames(list(runs), messages, states, intervals, totals, plan.control, raw)
+
+
+def frames_from_raw(spark, runs: Sequence[PolicyRun], raw):
+    """message_outcomes, partition_states and unavailability (their table schemas) and replication bytes per
+    run, from the kernels' output rows (`engine.groups.OUTPUT_DDL`); the batch and the stream replay share it."""
+    from pyspark.sql import functions as F
+
+    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
+    from schemas.tables import TABLES
+
+    run_ids = F.element_at(F.array(*[F.lit(r.run_id) for r in runs]), F.col("policy_idx") + 1)
+
+    def label(col: str, labels: list[str | None]):
+        return F.element_at(F.array(*[F.lit(v).cast("string") for v in labels]), F.col(col).cast("int") + 1)
+
+    messages = raw.where(F.col("rtype") == MESSAGE).select(
+        run_ids.alias("run_id"), "msg_id", "key", "producer_id", "partition", "produce_us",
+        label("status", STATUS_LABELS).alias("status"), label("error", ERROR_LABELS).alias("error"), "ack_us",
+        (F.col("ack_us") - F.col("produce_us")).alias("latency_us"), label("fate", FATE_LABELS).alias("fate"),
+        "readable_at_end", "offset", "visible_us")
+
+    # Timelines and intervals are per unit; a RocketMQ group's apply to each of its queues.
+    unit_parts = spark.createDataFrame(
+        [(r.index, u, p) for r in runs for u, ps in r.unit_partitions.items() for p in ps],
+        "policy_idx INT, unit INT, part INT")
+    per_partition = raw.join(F.broadcast(unit_parts), ["policy_idx", "unit"])
+    states = per_partition.where(F.col("rtype") == STATE).select(
+        run_ids.alias("run_id"), F.col("part").alias("partition"), "ts_us", "leader", "leader_epoch", "isr",
+        "log_end_offset", "high_watermark")
+    intervals = per_partition.where(F.col("rtype") == UNAVAILABLE).select(
+        run_ids.alias("run_id"), F.col("part").alias("partition"), "start_us", "end_us")
+
+    totals = dict.fromkeys((r.run_id for r in runs), 0)
+    for row in (raw.where(F.col("rtype") == UNIT).groupBy("policy_idx")
+                .agg(F.sum("replication_bytes").alias("b")).collect()):
+        totals[runs[row["policy_idx"]].run_id] = int(row["b"] or 0)
+
+    def conform(name: str, df):
+        schema = TABLES[name].spark_schema()
+        return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+    return (conform("message_outcomes", messages), conform("partition_states", states),
+            conform("unavailability", intervals), totals)
+
+
+# ------------------------------------------------------------------------------------------------ shared by modes
+def check_request(request: ReplayRequest) -> None:
+    """What both modes refuse before reading anything: bad arguments (exit 2), an MLflow store that cannot be
+    used (exit 2 for a file store, 1 for a server that does not answer)."""
+    from schemas.errors import BadInput
+
+    if request.window_ms <= 0:
+        raise BadInput(f"--window-ms must be > 0, got {request.window_ms}", rule="argument")
+    if request.mlflow:
+        from engine.tracking import check_tracking_uri
+
+        check_tracking_uri(request.tracking_uri)
+
+
+def start_tracker(request: ReplayRequest, manifest, runs: Sequence[PolicyRun], mode: str) -> ReplayTracker | None:
+    """The MLflow runs of the replay (None with --no-mlflow), created before any Delta write."""
+    if not request.mlflow:
+        return None
+    from engine import tracking
+
+    return tracking.ReplayTracker.start(request.tracking_uri, request.experiment or manifest.trace_id, manifest,
+                                        runs, mode=mode, figures=request.figures, labels=request.labels)
+
+
+def finish_tracker(tracker: ReplayTracker | None, report: ReplayReport, lakehouse: Lakehouse,
+                   request: ReplayRequest, trace_dir: str | Path, gate_reports: Sequence[str | Path | None],
+                   step: Callable[[str], None]) -> None:
+    """Log the results to the MLflow runs, end them FINISHED and note them in the report."""
+    if tracker is None:
+        return
+    step("MLflow")
+    tracker.finish(report, lakehouse, window_ms=request.window_ms, trace_dir=trace_dir,
+                   gate_reports=[p for p in gate_reports if p])
+    report.mlflow, report.experiment = tracker.run_ids, tracker.experiment_name
+
+
+def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
+    """--summary-json (SPEC §6.1)."""
+    if request.summary_json:
+        out = Path(request.summary_json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report.summary_json(), indent=1) + "\n")
+
+
+def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
+    """The whole replay of one trace under every policy of the request (batch mode)."""
+    from engine.publish import ReplayResults, publish
+    from expectations import invariants
+    from expectations.trace_gate import run_trace_gate
+    from storage.lakehouse import Lakehouse
+    from storage.trace_loader import locate
+
+    check_request(request)
+    step = progress or (lambda text: log.info(text))
+    tf = locate(request.trace)
+    manifest = tf.manifest
+    runs = policy_runs(request.policies, manifest)
+    run_ids = [r.run_id for r in runs]
+    lakehouse = Lakehouse(request.lakehouse, spark, create=False)
+    lakehouse.check_writable()
+
+    step("trace gate")
+    # The gate's `validations` row is written with the output gate's (one commit instead of two).
+    events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=run_ids, defer_validations=True)
+    events = events.persist()
+    tracker = None
+    try:
+        tracker = start_tracker(request, manifest, runs, request.mode)
+        step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
+        frames = replay_frames(spark, manifest, events, runs, request.window_ms)
+        try:
+            results = ReplayResults(
+                run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
+                run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
+                frames.partition_states, frames.unavailability, events)
+            step("windows, output gate, Delta tables")
+            checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
+                                       frames.control)
+            summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id,
+                                window_ms=request.window_ms, extra_checks=checks)
+        finally:
+            frames.release()
+        report = ReplayReport(manifest.trace_id, runs, summaries, str(lakehouse.root), gate.quarantined,
+                              trace_gate_report=str(gate.report_html) if gate.report_html else None)
+        finish_tracker(tracker, report, lakehouse, request, tf.root, [gate.report_html, gate.report_json], step)
+    except BaseException as exc:
+        if tracker is not None:
+            tracker.fail(exc)  # no MLflow run stays RUNNING after a failed replay
+        raise
+    finally:
+        lakehouse.flush_validations()  # the trace gate's row, if the output gate never wrote it
+        events.unpersist()
+        if gate.report is not None:
+            gate.report.release()
+    write_summary_json(request, report)
+    return report

@@ -1,0 +1,472 @@
+"""The HTML comparison of an experiment's policies behind `replab compare` (SPEC §6.1).
+
+Reads the experiment's finished policy runs from MLflow (one per policy, SPEC §6.4), then writes to the report
+folder (default `reports/<experiment>`):
+
+- `comparison.csv`: one row per policy, every run_summary figure and a one-line verdict;
+- `pareto.png` (from MLflow alone), and, when the lakehouse named by the runs' `replab.lakehouse` tag is
+  still there, `latency_cdf.png` and the leader/ISR timeline of the policy that fared worst; the loss and
+  unavailability timeline comes from the lakehouse, else from the runs' per-window MLflow series;
+- `report.html`: self-contained (CSS inline, plots as base64 data URIs), readable offline or as an MLflow
+  artifact;
+
+prints the table in the terminal, and logs the folder as artifacts of a separate `replab.kind=comparison` run
+of the experiment, so that policy runs stay one per policy. An unknown experiment is bad input (exit 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine import tracking
+
+log = logging.getLogger(__name__)
+
+
+#: run_summary fields that are counts (SPEC §4.4): integers in the CSV and the table.
+COUNT_FIELDS = ("produced", "acked", "failed", "pending", "acked_lost", "failed_committed", "stranded",
+                "brokers_used", "replication_bytes")
+
+
+@dataclass
+class PolicyResult:
+    """One policy's run as MLflow holds it."""
+
+    policy: str
+    trace_id: str
+    run_id: str  # replab's
+    mlflow_run_id: str
+    family: str
+    start_time: int
+    policy_index: int
+    metrics: dict[str, float]
+    params: dict[str, str]
+    tags: dict[str, str]
+    label: str = ""
+
+    @property
+    def lakehouse(self) -> Path | None:
+        path = self.tags.get(tracking.TAG_LAKEHOUSE)
+        if not path:
+            return None
+        root = Path(path)
+        # A lakehouse that was moved or deleted since the replay: the report falls back to MLflow data.
+        return root if (root / "message_outcomes" / "_delta_log").is_dir() else None
+
+    @property
+    def window_ms(self) -> int | None:
+        value = self.tags.get(tracking.TAG_WINDOW_MS)
+        return int(value) if value and value.isdigit() else None
+
+    def metric(self, name: str) -> float | None:
+        return self.metrics.get(name)
+
+
+@dataclass
+class Comparison:
+    """What the report says: results in policy order, a verdict per policy and the overall findings."""
+
+    experiment: str
+    tracking_uri: str
+    results: list[PolicyResult]
+    verdicts: dict[str, str] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def load_results(client, experiment: str) -> list[PolicyResult]:
+    """The experiment's finished policy runs, one per (trace, policy): the latest if a policy ran twice."""
+    from schemas.errors import BadInput
+
+    exp = tracking.find_experiment(client, experiment)
+    if exp is None:
+        known = sorted(e.name for e in client.search_experiments())
+        shown = ", ".join(known[:10]) + (" …" if len(known) > 10 else "")
+        raise BadInput(f"no MLflow experiment named {experiment!r} at {client.tracking_uri} "
+                       f"(experiments there: {shown or 'none'})", rule="experiment")
+    runs = tracking.search_all_runs(
+        client, [exp.experiment_id],
+        f"tags.`{tracking.TAG_KIND}` = '{tracking.KIND_POLICY}' and attributes.status = 'FINISHED'")
+    latest: dict[tuple[str, str], PolicyResult] = {}
+    for run in runs:
+        tags = dict(run.data.tags)
+        policy = tags.get(tracking.TAG_POLICY) or run.info.run_name
+        index = tags.get(tracking.TAG_POLICY_INDEX, "")
+        result = PolicyResult(
+            policy=policy, trace_id=tags.get(tracking.TAG_TRACE_ID, ""), run_id=tags.get(tracking.TAG_RUN_ID, ""),
+            mlflow_run_id=run.info.run_id, family=tags.get("replab.family", ""), start_time=run.info.start_time or 0,
+            policy_index=int(index) if index.isdigit() else 0, metrics=dict(run.data.metrics),
+            params=dict(run.data.params), tags=tags)
+        key = (result.trace_id, policy)
+        if key not in latest or latest[key].start_time < result.start_time:
+            latest[key] = result
+    if not latest:
+        raise BadInput(f"MLflow experiment {experiment!r} has no finished policy runs (replay a trace into it "
+                       "first: replab replay --experiment ...)", rule="experiment")
+    # Policies in the order they were asked: invocations by their first run, then --policy order within one.
+    first: dict[str, int] = {}
+    for r in latest.values():
+        inv = r.tags.get(tracking.TAG_INVOCATION, r.mlflow_run_id)
+        first[inv] = min(first.get(inv, r.start_time), r.start_time)
+    results = sorted(latest.values(), key=lambda r: (
+        r.trace_id, first[r.tags.get(tracking.TAG_INVOCATION, r.mlflow_run_id)], r.policy_index, r.policy))
+    several_traces = len({r.trace_id for r in results}) > 1
+    for r in results:
+        r.label = f"{r.policy} [{r.trace_id}]" if several_traces else r.policy
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+def _count(value: float | None) -> int:
+    return round(value or 0)
+
+
+def _seconds(value: float) -> str:
+    """Partition-seconds to the trace's ms resolution without trailing zeros: 14.973, 9.1, 0."""
+    return f"{value:,.3f}".rstrip("0").rstrip(".")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def verdict(r: PolicyResult) -> str:
+    """One factual sentence from the run's figures (SPEC §4.1, §4.4 definitions)."""
+    lost, acked = _count(r.metric("acked_lost")), _count(r.metric("acked"))
+    parts = []
+    if lost:
+        rate = r.metric("acked_lost_rate")
+        rate_text = f" ({rate * 100:.2f} % of acknowledged)" if rate is not None else ""
+        parts.append(f"lost {_plural(lost, 'acknowledged message')}{rate_text}")
+    elif acked:
+        parts.append("never lost an acknowledged message")
+    else:
+        parts.append("acknowledged no message")
+    unavailable = r.metric("unavailable_partition_seconds") or 0.0
+    parts.append(f"unavailable {_seconds(unavailable)} partition-seconds" if unavailable > 0 else "never unavailable")
+    p99 = r.metric("ack_latency_p99_ms")
+    if p99 is not None:
+        parts.append(f"ack p99 {p99:,.1f} ms")
+    failed, produced = _count(r.metric("failed")), _count(r.metric("produced"))
+    if failed:
+        parts.append(f"{_plural(failed, 'send')} of {produced:,} failed")
+    if _count(r.metric("failed_committed")):
+        parts.append(f"{_plural(_count(r.metric('failed_committed')), 'failed send')} committed anyway")
+    if _count(r.metric("stranded")):
+        parts.append(f"{_plural(_count(r.metric('stranded')), 'acknowledged message')} stranded at the end")
+    if _count(r.metric("pending")):
+        parts.append(f"{_count(r.metric('pending')):,} still pending at the end")
+    return "; ".join(parts)
+
+
+def findings(results: Sequence[PolicyResult]) -> list[str]:
+    """The experiment's headline facts: who lost acknowledged messages, the fastest safe policy, the most
+    available one."""
+    out = []
+    losers = [r for r in results if _count(r.metric("acked_lost"))]
+    safe = [r for r in results if not _count(r.metric("acked_lost")) and _count(r.metric("acked"))]
+    if losers:
+        listed = ", ".join(f"{r.label} ({_count(r.metric('acked_lost')):,})" for r in losers)
+        out.append(f"Lost acknowledged messages: {listed}.")
+    else:
+        out.append("No policy lost an acknowledged message.")
+    timed = [r for r in safe if r.metric("ack_latency_p99_ms") is not None]
+    if timed:
+        best = min(timed, key=lambda r: (r.metric("ack_latency_p99_ms"), r.policy_index))
+        out.append(f"Fastest p99 among the policies that lost nothing: {best.label} "
+                   f"({best.metric('ack_latency_p99_ms'):,.1f} ms).")
+    elif losers:
+        out.append("Every policy that acknowledged messages lost some.")
+    if results:
+        most = min(results, key=lambda r: (r.metric("unavailable_partition_seconds") or 0.0, r.policy_index))
+        out.append(f"Least unavailable: {most.label} "
+                   f"({_seconds(most.metric('unavailable_partition_seconds') or 0.0)} partition-seconds).")
+    return out
+
+
+def compare(client, experiment: str) -> Comparison:
+    results = load_results(client, experiment)
+    return Comparison(experiment, client.tracking_uri, results, {r.label: verdict(r) for r in results},
+                      findings(results))
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+def comparison_frame(cmp: Comparison) -> pd.DataFrame:
+    from schemas.tables import SUMMARY_FIELDS
+
+    rows = []
+    for r in cmp.results:
+        row: dict[str, Any] = {"policy": r.label, "trace_id": r.trace_id, "run_id": r.run_id,
+                               "mlflow_run_id": r.mlflow_run_id, "family": r.family}
+        row.update({k: r.metric(k) for k in SUMMARY_FIELDS})
+        row["verdict"] = cmp.verdicts[r.label]
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for name in COUNT_FIELDS:
+        # MLflow keeps every metric as a float; counts go back to integers (nullable: a metric may be missing).
+        frame[name] = frame[name].round().astype("Int64")
+    return frame
+
+
+def print_table(cmp: Comparison, console=None) -> None:
+    from rich.table import Table
+
+    from report.tables import COMPARISON_COLUMNS
+    from report.terminal import console as terminal
+
+    console = console or terminal()
+    table = Table(title=f"experiment {cmp.experiment}: {len(cmp.results)} policies", title_justify="left")
+    table.add_column("policy", overflow="fold")
+    for _, header, _ in COMPARISON_COLUMNS:
+        table.add_column(header, justify="right")
+    for r in cmp.results:
+        table.add_row(r.label, *[_fmt(r.metric(name), fmt, name) for name, _, fmt in COMPARISON_COLUMNS])
+    console.print(table)
+    for r in cmp.results:
+        console.print(f"[bold]{r.label}[/bold]: {cmp.verdicts[r.label]}", highlight=False)
+    for line in cmp.findings:
+        console.print(line, highlight=False)
+
+
+def _fmt(value: float | None, fmt: str, name: str = "") -> str:
+    if value is None:
+        return "–"
+    if name == "unavailable_partition_seconds":
+        return _seconds(value)
+    # MLflow stores every metric as a float; counts print as integers.
+    if "{:,}" in fmt or fmt == "{}":
+        return fmt.format(round(value))
+    return fmt.format(value)
+
+
+def _lakehouse_plots(cmp: Comparison) -> dict[str, Any]:
+    """Latency CDF, loss timeline and the worst policy's partition timeline from the lakehouse(s)."""
+    from report import plots
+    from storage import report_data
+    from storage.lakehouse import Lakehouse
+    from storage.session import get_spark
+
+    by_root: dict[Path, list[PolicyResult]] = {}
+    for r in cmp.results:
+        if r.lakehouse is not None:
+            by_root.setdefault(r.lakehouse, []).append(r)
+    if not by_root:
+        return {}
+    spark = get_spark("replab-compare")
+    label_of = {r.run_id: r.label for r in cmp.results}
+    quantiles, series, windows = [], [], set()
+    houses = {}
+    for root, results in by_root.items():
+        lakehouse = Lakehouse(root, spark, create=False)
+        houses[root] = lakehouse
+        ids = [r.run_id for r in results]
+        window_ms = results[0].window_ms
+        window_us = window_ms * 1000 if window_ms else report_data.window_us_of(lakehouse, ids)
+        if window_us:
+            windows.add(window_us)
+        quantiles.append(report_data.latency_quantiles(lakehouse, ids))
+        series.append(report_data.window_series(lakehouse, ids, window_us))
+    labels = [r.label for r in cmp.results if r.lakehouse is not None]
+    q = pd.concat(quantiles, ignore_index=True)
+    q["policy"] = q["run_id"].map(label_of)
+    figures: dict[str, Any] = {"latency_cdf.png": plots.latency_cdf(q, labels, title="Ack latency CDF per policy")}
+    s = pd.concat(series, ignore_index=True)
+    if len(s) and len(windows) == 1:
+        s = s.assign(policy=s["run_id"].map(label_of), t_s=s["window_start_us"] / 1e6,
+                     unavailable_s=s["unavailable_us"] / 1e6)
+        figures["loss_timeline.png"] = plots.loss_timeline(s, labels, window_s=windows.pop() / 1e6)
+
+    worst = _worst(r for r in cmp.results if r.lakehouse is not None)
+    if worst is not None:
+        lakehouse = houses[worst.lakehouse]
+        duration_us = int(s.loc[s["run_id"] == worst.run_id, "window_start_us"].max()) if len(s) else 0
+        manifest_duration = _trace_duration_us(worst)
+        duration_us = manifest_duration if manifest_duration is not None else duration_us
+        parts = report_data.busiest_partitions(lakehouse, worst.run_id)
+        history = report_data.partition_history(lakehouse, worst.run_id, parts, duration_us)
+        figures["partition_timeline.png"] = plots.partition_timeline(
+            history, duration_s=duration_us / 1e6,
+            title=f"Leader, ISR and high watermark of the busiest partitions: {worst.label}")
+    return figures
+
+
+def _worst(results) -> PolicyResult | None:
+    """The policy that lost the most acknowledged messages (then: the most unavailable)."""
+    ranked = sorted(results, key=lambda r: (-(r.metric("acked_lost") or 0),
+                                            -(r.metric("unavailable_partition_seconds") or 0), r.policy_index))
+    return ranked[0] if ranked else None
+
+
+def _trace_duration_us(r: PolicyResult) -> int | None:
+    from schemas.trace import Manifest
+
+    trace_dir = r.tags.get("replab.trace_dir")
+    if trace_dir and (Path(trace_dir) / "manifest.json").is_file():
+        try:
+            return Manifest.read(trace_dir).duration_us
+        except Exception:  # a trace edited since: the windows still bound the plot
+            return None
+    return None
+
+
+def _mlflow_timeline(client, cmp: Comparison):
+    """The loss/unavailability timeline from the runs' per-window MLflow series (no lakehouse needed)."""
+    from report import plots
+
+    frames, windows = [], {r.window_ms for r in cmp.results}
+    if len(windows) != 1 or None in windows:
+        return None
+    window_ms = windows.pop()
+    for r in cmp.results:
+        lost = {m.step: m.value for m in client.get_metric_history(r.mlflow_run_id, tracking.SERIES_ACKED_LOST)}
+        unavailable = {m.step: m.value
+                       for m in client.get_metric_history(r.mlflow_run_id, tracking.SERIES_UNAVAILABLE)}
+        steps = sorted(set(lost) | set(unavailable))
+        frames.append(pd.DataFrame({"policy": r.label, "t_s": [s * window_ms / 1000 for s in steps],
+                                    "acked_lost": [lost.get(s, 0.0) for s in steps],
+                                    "unavailable_s": [unavailable.get(s, 0.0) for s in steps]}))
+    if not frames:
+        return None
+    return plots.loss_timeline(pd.concat(frames, ignore_index=True), [r.label for r in cmp.results],
+                               window_s=window_ms / 1000)
+
+
+def figures_for(client, cmp: Comparison) -> dict[str, Any]:
+    from report import plots
+
+    points = pd.DataFrame({
+        "policy": [r.label for r in cmp.results],
+        "acked_lost": [r.metric("acked_lost") or 0.0 for r in cmp.results],
+        "ack_latency_p99_ms": [r.metric("ack_latency_p99_ms") for r in cmp.results],
+        "availability": [r.metric("availability") for r in cmp.results],
+        "unavailable_partition_seconds": [r.metric("unavailable_partition_seconds") for r in cmp.results],
+    })
+    figures: dict[str, Any] = {"pareto.png": plots.pareto(points, title=f"Durability against latency: "
+                                                                        f"{cmp.experiment}")}
+    figures.update(_lakehouse_plots(cmp))
+    if "loss_timeline.png" not in figures:
+        timeline = _mlflow_timeline(client, cmp)
+        if timeline is not None:
+            figures["loss_timeline.png"] = timeline
+    return figures
+
+
+_CAPTIONS = {
+    "pareto.png": "Acknowledged messages lost against p99 ack latency, one point per policy; colour is "
+                  "availability (acked / produced), marker area unavailable partition-seconds. The dashed line "
+                  "joins the policies no other policy beats on both axes.",
+    "latency_cdf.png": "Ack latency of acknowledged messages (log scale).",
+    "loss_timeline.png": "Per window of trace time: acknowledged messages later lost (by produce time), and "
+                         "partition-seconds during which a produce could not be acknowledged (SPEC §4.3).",
+    "partition_timeline.png": "Leader, ISR size and high watermark of the busiest partitions of {worst}, the "
+                              "policy that lost the most acknowledged messages (then: was unavailable longest).",
+}
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;
+padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:.9em}
+table{border-collapse:collapse;font-size:.85em;margin:.8em 0}
+th,td{border:1px solid #ccc;padding:.3em .55em}th{background:#f3f3f3}td.n{text-align:right;
+font-variant-numeric:tabular-nums}
+tr.lost td.policy{color:#b00020;font-weight:600}
+ul.findings li{margin:.3em 0}figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}
+code{background:#f6f6f6;padding:0 .2em}
+"""
+
+
+def render_html(cmp: Comparison, images: dict[str, bytes]) -> str:
+    from report.tables import COMPARISON_COLUMNS
+
+    esc = html.escape
+    traces = sorted({r.trace_id for r in cmp.results})
+    head = "".join(f"<th>{esc(h)}</th>" for _, h, _ in COMPARISON_COLUMNS)
+    body = []
+    for r in cmp.results:
+        cells = "".join(f'<td class="n">{esc(_fmt(r.metric(name), fmt, name))}</td>'
+                        for name, _, fmt in COMPARISON_COLUMNS)
+        cls = ' class="lost"' if _count(r.metric("acked_lost")) else ""
+        body.append(f'<tr{cls}><td class="policy"><code>{esc(r.label)}</code></td>{cells}</tr>')
+    verdicts = "".join(f"<li><code>{esc(r.label)}</code>: {esc(cmp.verdicts[r.label])}</li>" for r in cmp.results)
+    found = "".join(f"<li>{esc(line)}</li>" for line in cmp.findings)
+    worst = _worst(r for r in cmp.results if r.lakehouse is not None)
+    figures = []
+    for name, png in images.items():
+        data = base64.b64encode(png).decode("ascii")
+        figures.append(f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{esc(_CAPTIONS.get(name, name).format(worst=worst.label if worst else '?'))}"
+                       "</figcaption></figure>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>replab: {esc(cmp.experiment)}</title>
+<style>{_CSS}</style></head><body>
+<h1>Replication policies compared: {esc(cmp.experiment)}</h1>
+<p class="meta">trace{'s' if len(traces) > 1 else ''} {esc(', '.join(traces))} · {len(cmp.results)} policies ·
+MLflow <code>{esc(cmp.tracking_uri)}</code> · generated {esc(tracking.utc_now_text())}</p>
+<h2>Findings</h2><ul class="findings">{found}</ul>
+<h2>Per policy</h2><ul>{verdicts}</ul>
+<h2>Numbers</h2>
+<table><thead><tr><th>policy</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>
+<p class="meta">Acked lost: acknowledged to the producer, never readable by consumers (SPEC §4.1). Failed but
+committed: the producer got an error, consumers will read it anyway. Stranded: acknowledged and committed but not
+readable at the end of the trace. Availability: acked / produced. Unavailable partition-seconds: time during which
+a produce to a partition could not be acknowledged, summed over partitions.</p>
+<h2>Plots</h2>{''.join(figures)}
+</body></html>
+"""
+
+
+def default_out_dir(experiment: str) -> Path:
+    """`reports/<experiment>`, the name made a single safe folder name (no path from input escapes, SPEC §11)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
+    return Path("reports") / slug
+
+
+def build_report(experiment: str, out_dir: str | Path | None = None, tracking_uri: str | None = None, *,
+                 console: Any | None = None) -> Path:
+    """Write comparison.csv, the plots and report.html for the experiment, log them to MLflow; the HTML path.
+
+    With a rich `console`, the comparison table and verdicts are printed there too.
+    """
+    from report import plots
+
+    client = tracking.client_for(tracking_uri)
+    cmp = compare(client, experiment)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(experiment)
+    out.mkdir(parents=True, exist_ok=True)
+    comparison_frame(cmp).to_csv(out / "comparison.csv", index=False, quoting=csv.QUOTE_MINIMAL)
+    images = {}
+    for name, fig in figures_for(client, cmp).items():
+        images[name] = plots.png_bytes(fig)
+        (out / name).write_bytes(images[name])
+    html_path = out / "report.html"
+    html_path.write_text(render_html(cmp, images), encoding="utf-8")
+    cmp_tags = {"replab.policies": str(len(cmp.results)), "replab.version": _version()}
+    traces = sorted({r.trace_id for r in cmp.results})
+    if len(traces) == 1:
+        cmp_tags[tracking.TAG_TRACE_ID] = traces[0]
+    files = {"report.html": html_path, "comparison.csv": out / "comparison.csv",
+             **{f"plots/{name}": out / name for name in images}}
+    exp = tracking.find_experiment(client, experiment)
+    tracking.log_report_run(client, exp.experiment_id, files, tags=cmp_tags)
+    if console is not None:
+        print_table(cmp, console)
+    return html_path.resolve()
+
+
+def _version() -> str:
+    from schemas.version import __version__
+
+    return __version__
+

@@ -1,0 +1,178 @@
+"""The house's floors (`schemas/layout.py`): no module imports upward, no import cycle between modules.
+
+Every import of every module counts, the ones inside functions and under `if TYPE_CHECKING:` too (a lazy import
+is still a dependency), and so do the lazy re-exports of a package's `__init__.py` (`_EXPORTS`). Importing
+another module's `_private` name is refused as well.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.layout import FLOORS
+
+REPO = Path(os.environ.get("REPLAB_LAYOUT_ROOT", Path(__file__).resolve().parent.parent))
+TOP = {p for floor in FLOORS for p in floor}
+FLOOR_OF = {p: i for i, floor in enumerate(FLOORS) for p in floor}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module
+    target: str  # imported module
+    line: int
+    names: tuple[str, ...]  # names taken with `from target import ...`
+
+
+def module_name(file: Path, root: Path = REPO) -> str:
+    parts = list(file.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_files(root: Path = REPO) -> list[Path]:
+    return sorted(f for top in TOP if (root / top).is_dir() for f in (root / top).rglob("*.py")
+                  if "__pycache__" not in f.parts)
+
+
+def resolve(name: str, modules: set[str]) -> str | None:
+    """The project module an import names (its longest existing prefix), or None (not ours)."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(file: Path, modules: set[str], root: Path = REPO) -> list[Edge]:
+    source = module_name(file, root)
+    is_package = file.name == "__init__.py"
+    tree = ast.parse(file.read_text(), str(file))
+    out: list[Edge] = []
+
+    def add(name: str, line: int, names: tuple[str, ...] = ()) -> None:
+        target = resolve(name, modules)
+        if target is not None and target != source:
+            out.append(Edge(source, target, line, names))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, up level - 1
+                package = source.split(".") if is_package else source.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules:  # `from package import module`
+                    add(sub, node.lineno)
+                else:
+                    add(base, node.lineno, (alias.name,))
+        elif (is_package and isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+              and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)):
+            for value in node.value.values:  # lazy re-exports: name -> "package.module"
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    add(value.value, node.lineno)
+    return out
+
+
+@functools.cache
+def graph(root: Path = REPO) -> tuple[frozenset[str], tuple[Edge, ...]]:
+    files = project_files(root)
+    modules = {module_name(f, root) for f in files}
+    return frozenset(modules), tuple(e for f in files for e in imports_of(f, set(modules), root))
+
+
+def upward_edges(edges: tuple[Edge, ...]) -> list[str]:
+    bad = []
+    for e in edges:
+        src, dst = e.source.split(".")[0], e.target.split(".")[0]
+        if FLOOR_OF[dst] > FLOOR_OF[src]:
+            bad.append(f"{e.source}:{e.line} imports {e.target} ({dst} sits above {src})")
+    return bad
+
+
+def private_imports(edges: tuple[Edge, ...]) -> list[str]:
+    return [f"{e.source}:{e.line} imports {e.target}.{n}" for e in edges for n in e.names
+            if n.startswith("_") and not n.startswith("__")]
+
+
+def cycles(modules: frozenset[str], edges: tuple[Edge, ...]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    succ: dict[str, set[str]] = {m: set() for m in modules}
+    for e in edges:
+        succ[e.source].add(e.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(succ[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for m in sorted(modules):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_every_top_level_package_has_a_floor():
+    on_disk = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
+    assert on_disk <= TOP, f"packages without a floor in schemas/layout.py: {sorted(on_disk - TOP)}"
+
+
+def test_the_walk_sees_lazy_and_type_checking_imports():
+    # engine.replay imports engine.tracking only inside a function, and the stream's query imports the
+    # stream source inside functions: both must be edges, or the layout checks below would prove nothing.
+    _, edges = graph()
+    pairs = {(e.source, e.target) for e in edges}
+    assert ("engine.replay", "engine.tracking") in pairs
+    assert ("engine.stream.query", "engine.stream.source") in pairs
+    assert ("report.tables", "engine.plan") in pairs  # under `if TYPE_CHECKING:`
+
+
+def test_no_upward_import():
+    _, edges = graph()
+    assert upward_edges(edges) == []
+
+
+def test_no_import_cycle():
+    modules, edges = graph()
+    assert cycles(modules, edges) == []
+
+
+def test_no_private_name_of_another_module():
+    _, edges = graph()
+    assert private_imports(edges) == []
