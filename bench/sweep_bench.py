@@ -57,7 +57,7 @@ def core_seconds(spec, seeds: list[int]) -> float:
 def main(argv: list[str] | None = None) -> int:
     from engine.sweep import SweepSpec, run_sweep_job
     from generators.library import resolve_scenario
-    from replay.policies import parse_policy, presets_of
+    from replay.policies import all_presets
     from storage.session import get_spark
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     small, large = (int(x) for x in args.seeds.split(","))
     spec = SweepSpec(resolve_scenario(args.scenario), args.scale,
-                     tuple(parse_policy(p) for p in presets_of("kafka")))
+                     tuple(policy for _, policy in all_presets() if policy.family == "kafka"))
 
     rows = []
     core = core_seconds(spec, list(range(args.core_seeds)))

@@ -84,9 +84,9 @@ class Space:
 def expand_space(items: Sequence[str], *, split: bool = True) -> Space:
     """`--space` values (see the module docstring) → distinct policies in order, labelled as typed. With
     `split=False` every item is one policy string (`--policy`), commas included."""
-    from replay.policies import describe_families, parse_policy, presets_of
+    from replay.policies import FAMILIES, all_presets, parse_policy
 
-    families = set(describe_families())
+    families = set(FAMILIES)
     space = Space([], [])
     seen: set[str] = set()
 
@@ -119,8 +119,9 @@ def expand_space(items: Sequence[str], *, split: bool = True) -> Space:
             if not name:
                 continue
             if name in families:
-                for preset in presets_of(name):
-                    add(parse_policy(preset), preset)
+                for preset, policy in all_presets():
+                    if policy.family == name:
+                        add(policy, preset.name)
             else:
                 add(parse_policy(name), name)
     if not space.policies:

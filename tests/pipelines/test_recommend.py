@@ -134,3 +134,18 @@ def test_bad_slo_exits_2_naming_the_term_and_the_metrics(slo, text, capsys, tmp_
     assert len(err.splitlines()) == 1 and text in err, err
     assert "valid metrics: p_loss, p_loss_day, mean_acked_lost, availability, ack_p99_ms, unavailable_s" in err
     assert not (tmp_path / "lh").exists()
+
+
+def test_space_of_families_presets_and_grids():
+    from engine.recommend import expand_space
+    from replay.policies import all_presets
+
+    kafka = [p.name for p, pol in all_presets() if pol.family == "kafka"]
+    assert expand_space(["kafka"]).labels == kafka
+    grid = expand_space(["kafka-acks1", "kafka:replication_factor=2|3,acks=1|all"])
+    # kafka:replication_factor=3,acks=1 is kafka-acks1 (RF 3 is the default): kept once, under the typed name.
+    assert grid.labels == ["kafka-acks1", "kafka:replication_factor=2,acks=1", "kafka:replication_factor=2",
+                           "kafka"]
+    assert len({p.canonical() for p in grid.policies}) == 4
+    assert expand_space(["kafka:acks=all,min_insync_replicas=2"], split=False).labels == [
+        "kafka:acks=all,min_insync_replicas=2"]
