@@ -73,6 +73,8 @@ class ReplayRequest:
     allowed_lateness_ms: int = 0
     #: The plots logged with each MLflow run (`report.figures.run_figures`); None logs none
     figures: RunFigures | None = None
+    #: The policies as typed (MLflow run names: a preset name rather than the canonical string)
+    labels: list[str] | None = None
 
 
 def policy_runs(policies: Sequence[Policy], manifest) -> list[PolicyRun]:

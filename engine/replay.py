@@ -230,7 +230,7 @@ def start_tracker(request: ReplayRequest, manifest, runs: Sequence[PolicyRun], m
     from engine import tracking
 
     return tracking.ReplayTracker.start(request.tracking_uri, request.experiment or manifest.trace_id, manifest,
-                                        runs, mode=mode, figures=request.figures)
+                                        runs, mode=mode, figures=request.figures, labels=request.labels)
 
 
 def finish_tracker(tracker: ReplayTracker | None, report: ReplayReport, lakehouse: Lakehouse,

@@ -2,8 +2,9 @@
 
 Life of a replay's runs:
 
-- `ReplayTracker.start` (before any Delta write) creates one run per policy, named by the canonical policy
-  string, with its params and identity tags, status RUNNING. Its MLflow run id goes into the `runs` table.
+- `ReplayTracker.start` (before any Delta write) creates one run per policy, named by the preset when one was
+  typed (else the canonical policy string), with its params and identity tags, status RUNNING. Its MLflow
+  run id goes into the `runs` table.
 - `finish` logs every run_summary figure, the per-window series, the gate reports, the summary JSON and the
   plots, then ends the runs FINISHED; `fail` ends them FAILED (output gate or anything else raised).
 
@@ -135,15 +136,23 @@ def client_for(tracking_uri: str | None = None):
     return MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
 
 
+#: MLflow 3.x opens an experiment on its GenAI traces overview unless the experiment says it holds model runs;
+#: replab's runs are model-development runs (a policy's figures), so the UI should open on the runs table.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(client, experiment_name: str) -> str:
-    """The experiment's id, created (with an explicit artifact location) or restored if it was deleted."""
+    """The experiment's id, created (with an explicit artifact location and the experiment-kind tag) or
+    restored if it was deleted; an experiment made by an older replab gains the tag."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(experiment_name)
     if exp is None:
         location = default_artifact_location(client.tracking_uri, experiment_name)
         try:
-            return client.create_experiment(experiment_name, artifact_location=location)
+            return client.create_experiment(experiment_name, artifact_location=location,
+                                            tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
         except MlflowException:
             # Another replay of the same trace created it between our lookup and create.
             exp = client.get_experiment_by_name(experiment_name)
@@ -151,6 +160,8 @@ def ensure_experiment(client, experiment_name: str) -> str:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    if exp.tags.get(TAG_EXPERIMENT_KIND) != EXPERIMENT_KIND:
+        client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
     return exp.experiment_id
 
 
@@ -305,7 +316,10 @@ class ReplayTracker:
 
     @classmethod
     def start(cls, tracking_uri: str | None, experiment_name: str | None, manifest, runs: Sequence[Any],
-              mode: str = "batch", figures: RunFigures | None = None) -> ReplayTracker:
+              mode: str = "batch", figures: RunFigures | None = None,
+              labels: Sequence[str] | None = None) -> ReplayTracker:
+        """`labels`: the policies as typed; a run is named by its preset when one was typed (canonical strings
+        are long and the runs table cuts them off)."""
         from schemas.version import __version__
 
         client = client_for(tracking_uri)
@@ -322,7 +336,8 @@ class ReplayTracker:
                 "replab.mode": mode, "replab.version": __version__, "replab.git_sha": git_sha(),
                 TAG_INVOCATION: invocation,
             }
-            created = client.create_run(experiment_id, start_time=_now_ms(), tags=tags, run_name=run.canonical)
+            name = labels[run.index] if labels and run.index < len(labels) else run.canonical
+            created = client.create_run(experiment_id, start_time=_now_ms(), tags=tags, run_name=name)
             tracker.run_ids[run.run_id] = created.info.run_id
             log_in_chunks(client, created.info.run_id, params=run_params(run.policy, manifest))
         return tracker

@@ -516,13 +516,19 @@ class ChunkSummary:
 SUMMARY_DDL = "chunk long, rows long, produce long, replicate long, faults long, file_bytes long"
 
 
-def write_chunk(plan: TracePlan, c: int, folder: str) -> ChunkSummary:
-    """Build chunk c and write it to folder/part-NNNNNN.parquet (a retried task simply rewrites it)."""
-    table, (produce, replicate, faults) = chunk_table(plan, c)
+def write_part(table: pa.Table, c: int, folder: str) -> str:
+    """Write chunk c's events as folder/part-NNNNNN.parquet, complete before the name appears."""
     final = os.path.join(folder, PART_NAME.format(c))
     tmp = os.path.join(folder, f".{PART_NAME.format(c)}.{os.getpid()}.{threading.get_ident()}.tmp")
     pq.write_table(table, tmp, **_PARQUET_OPTIONS)
     os.replace(tmp, final)
+    return final
+
+
+def write_chunk(plan: TracePlan, c: int, folder: str) -> ChunkSummary:
+    """Build chunk c and write it to folder/part-NNNNNN.parquet (a retried task simply rewrites it)."""
+    table, (produce, replicate, faults) = chunk_table(plan, c)
+    final = write_part(table, c, folder)
     return ChunkSummary(c, table.num_rows, produce, replicate, faults, os.path.getsize(final))
 
 
@@ -585,7 +591,7 @@ def _run_chunks(spark, plan: TracePlan, chunks: range, folder: Path) -> list[Chu
     return sorted((ChunkSummary(**r.asDict()) for r in rows), key=lambda s: s.chunk)
 
 
-def _clear_trace(out: Path) -> None:
+def clear_trace(out: Path) -> None:
     """Make `out` not a trace first (manifest gone), then drop the old events."""
     (out / "manifest.json").unlink(missing_ok=True)
     for name in ("events", "events.csv"):
@@ -609,7 +615,7 @@ def generate_trace(spark, scenario: Scenario, *, seed: int, scale: float, out: s
                       target_events_per_chunk=target_events_per_chunk)
     manifest = manifest_for(plan)
     out.mkdir(parents=True, exist_ok=True)
-    _clear_trace(out)
+    clear_trace(out)
     staging = out / "_staging_events"
     if staging.exists():
         shutil.rmtree(staging)

@@ -85,22 +85,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="DIR", help="report folder (default ./reports/<experiment>)")
     p.add_argument("--tracking-uri", default=None, metavar="URI")
 
-    p = command("sweep", "many seeds × many policies: probabilities with confidence intervals",
+    def sweep_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="library name or a YAML file")
+        p.add_argument("--seeds", type=int, required=True, metavar="N", help="how many seeds (traces) to generate")
+        p.add_argument("--scale", type=float, default=1.0, help="scenario scale of every trace (default 1.0)")
+        p.add_argument("--first-seed", type=int, default=0, metavar="N", help="seeds N … N+seeds-1 (default 0)")
+        p.add_argument("--lakehouse", default="lakehouse", metavar="DIR",
+                       help="Delta tables root: tables sweeps, sweep_results (default ./lakehouse)")
+        p.add_argument("--window-ms", type=int, default=1000, metavar="N", help="metric window (default 1000)")
+        p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+        p.add_argument("--experiment", default=None, metavar="NAME",
+                       help="MLflow experiment (default sweep-<scenario>[-x<scale>]-seeds<first>-<last>)")
+        p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+        p.add_argument("--out", default=None, metavar="DIR",
+                       help="results (sweep.json, sweep.csv) and kept traces (DIR/traces); "
+                            "default ./sweeps/<experiment>")
+        p.add_argument("--keep-traces", action="store_true", help="also write every seed's trace to DIR/traces")
+        p.add_argument("--series", action="store_true",
+                       help="keep per-window acked-lost and unavailable series in sweep_results")
+
+    p = command("sweep", "many seeds × many policies as one Spark job: probabilities with confidence intervals",
                 "pipelines.sweep_job:cli")
-    p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="library name or a YAML file")
-    p.add_argument("--seeds", type=int, required=True, metavar="N", help="how many seeds (traces) to generate")
+    sweep_options(p)
     p.add_argument("--policy", required=True, action="append", metavar="SPEC",
                    help="FAMILY[:k=v,...] or PRESET[:k=v,...]; repeat for several (one pass per trace)")
-    p.add_argument("--scale", type=float, default=1.0, help="scenario scale of every trace (default 1.0)")
-    p.add_argument("--first-seed", type=int, default=0, metavar="N", help="seeds N … N+seeds-1 (default 0)")
-    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
-    p.add_argument("--window-ms", type=int, default=1000, metavar="N", help="metric window (default 1000)")
-    p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
-    p.add_argument("--experiment", default=None, metavar="NAME",
-                   help="MLflow experiment (default sweep-<scenario>[-x<scale>]-seeds<first>-<last>)")
-    p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="traces (DIR/traces) and results (sweep.json, sweep.csv); default ./sweeps/<experiment>")
+    p.add_argument("--reuse", action="store_true",
+                   help="read a succeeded sweep with the same parameters from the lakehouse instead of running it")
+
+    p = command("recommend", "the cheapest policy whose confidence intervals meet an SLO, from a sweep",
+                "pipelines.recommend_job:cli")
+    sweep_options(p)
+    p.add_argument("--slo", required=True, metavar="TERMS",
+                   help="e.g. 'p_loss<=0.001,availability>=0.999,ack_p99_ms<=50'; metrics: p_loss, p_loss_day, "
+                        "mean_acked_lost, availability, ack_p99_ms, unavailable_s")
+    p.add_argument("--policy", action="append", metavar="SPEC", help="a policy of the space; repeat for several")
+    p.add_argument("--space", action="append", metavar="ITEMS",
+                   help="families or presets (kafka,dledger,...), or a grid such as "
+                        "'kafka:replication_factor=2|3,min_insync_replicas=1|2,acks=1|all' (default: kafka)")
+    p.add_argument("--no-reuse", action="store_true", help="run the sweep even if the lakehouse holds it")
 
     p = command("testbed", "replab's predictions beside a real Kafka cluster (SPEC §12)", "pipelines.testbed_job:cli")
     tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", parser_class=_Parser, required=True)

@@ -30,7 +30,7 @@ def cli(args: argparse.Namespace) -> int:
         trace=args.trace, policies=args.policies, lakehouse=args.lakehouse, window_ms=args.window_ms,
         mode=args.mode, tracking_uri=args.tracking_uri, experiment=args.experiment,
         mlflow=not args.no_mlflow, summary_json=args.summary_json, checkpoint=args.checkpoint,
-        allowed_lateness_ms=args.allowed_lateness_ms, figures=run_figures)
+        allowed_lateness_ms=args.allowed_lateness_ms, figures=run_figures, labels=list(args.policy))
     spark = get_spark("replab-replay")
     replay = run_stream_replay if request.mode == "stream" else run_replay
     report = replay(spark, request, progress=lambda t: console.log(t))

@@ -90,6 +90,14 @@ def _arrow_type(t: str):
     raise ValueError(f"unsupported column type {t}")
 
 
+#: The run_summary fields (SPEC §4.4), also every row of sweep_results.
+_SUMMARY_DDL = (
+    "produced BIGINT, acked BIGINT, failed BIGINT, pending BIGINT, acked_lost BIGINT, "
+    "acked_lost_rate DOUBLE, failed_committed BIGINT, stranded BIGINT, availability DOUBLE, "
+    "unavailable_partition_seconds DOUBLE, ack_latency_p50_ms DOUBLE, ack_latency_p99_ms DOUBLE, "
+    "ack_latency_p999_ms DOUBLE, ack_latency_max_ms DOUBLE, visibility_lag_p99_ms DOUBLE, brokers_used INT, "
+    "replicas_per_message DOUBLE, replication_bytes BIGINT"
+)
 _BIG = {"delta.autoOptimize.optimizeWrite": "true", "delta.autoOptimize.autoCompact": "true"}
 _SMALL = {"delta.autoOptimize.autoCompact": "true"}
 
@@ -103,11 +111,7 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in (
     ),
     TableSpec(
         "run_summary",
-        "run_id STRING NOT NULL, produced BIGINT, acked BIGINT, failed BIGINT, pending BIGINT, acked_lost BIGINT, "
-        "acked_lost_rate DOUBLE, failed_committed BIGINT, stranded BIGINT, availability DOUBLE, "
-        "unavailable_partition_seconds DOUBLE, ack_latency_p50_ms DOUBLE, ack_latency_p99_ms DOUBLE, "
-        "ack_latency_p999_ms DOUBLE, ack_latency_max_ms DOUBLE, visibility_lag_p99_ms DOUBLE, brokers_used INT, "
-        "replicas_per_message DOUBLE, replication_bytes BIGINT",
+        "run_id STRING NOT NULL, " + _SUMMARY_DDL,
         properties=_SMALL, description="the run's headline figures (SPEC §4.4)",
     ),
     TableSpec(
@@ -182,6 +186,26 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in (
         "run_id STRING, trace_id STRING NOT NULL, file STRING, `row` BIGINT, raw STRING, rule STRING NOT NULL, "
         "severity STRING NOT NULL",
         run_key="trace_id", properties=_SMALL, description="rows dropped by a gate, with the rule (SPEC §5)",
+    ),
+    TableSpec(
+        "sweeps",
+        "sweep_id STRING NOT NULL, scenario STRING NOT NULL, scale DOUBLE NOT NULL, first_seed BIGINT NOT NULL, "
+        "seeds INT NOT NULL, policies ARRAY<STRING>, labels ARRAY<STRING>, window_ms INT, duration_us BIGINT, "
+        "status STRING NOT NULL, fatal_seeds INT, started_at TIMESTAMP, finished_at TIMESTAMP, "
+        "replab_version STRING NOT NULL",
+        run_key="sweep_id", properties=_SMALL,
+        description="one row per sweep (many seeds of a scenario × policies); written after its results",
+    ),
+    TableSpec(
+        "sweep_results",
+        "sweep_id STRING NOT NULL, seed BIGINT NOT NULL, trace_id STRING NOT NULL, policy STRING NOT NULL, "
+        "label STRING, status STRING NOT NULL, events BIGINT, gate_fatal_rows BIGINT, gate_quarantined_rows BIGINT, "
+        "gate_rules STRING, " + ", ".join(
+            f.strip() for f in _SUMMARY_DDL.split(",")) + ", loss_series ARRAY<BIGINT>, "
+        "unavailable_series ARRAY<BIGINT>",
+        run_key="sweep_id", properties=_SMALL,
+        description="one row per seed and policy of a sweep: every run_summary field (null for a seed whose trace "
+                    "broke a fatal rule), the trace gate's counts, optional per-window series",
     ),
     TableSpec(
         "validations",

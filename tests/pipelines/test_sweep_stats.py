@@ -1,4 +1,5 @@
-"""The sweep's estimates (pipelines/sweep_job.py): Wilson score and Student t intervals against hand-computed values.
+"""The sweep's estimates (pipelines/sweep_estimates.py, scipy.stats): Wilson score, Student t, bootstrap and per-day
+figures against hand-computed values.
 
 z = 1.959964 (95 %). Wilson 0/10: upper = z² / (n + z²) = 0.27753; 5/10: 0.5 ± (z / (1 + z²/n)) ·
 sqrt(0.025 + z²/400) = 0.5 ± 0.26340. t interval of [1, 2, 3, 4]: 2.5 ± t(0.975, 3) · s / 2 = 2.5 ± 3.182446 ·
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.sweep_job import PolicySweep, SeedOutcome, t_interval, wilson_interval
+from engine.sweep_estimates import bootstrap_median, estimate, per_day, t_interval, wilson_interval
 
 
 @pytest.mark.parametrize(("k", "n", "low", "high"), [
@@ -42,15 +43,44 @@ def test_t_interval():
     assert t_interval([]).estimate is None
 
 
-def test_policy_sweep_row():
-    outcomes = [SeedOutcome(seed, f"t{seed}", f"r{seed}", 100, acked, lost, acked / 100)
-                for seed, acked, lost in ((0, 100, 0), (1, 90, 3), (2, 95, 1), (3, 100, 0))]
-    row = PolicySweep("kafka:acks=1", outcomes).row()
-    assert row["seeds"] == 4 and row["seeds_with_loss"] == 2 and row["p_loss"] == 0.5
-    assert row["mean_acked_lost"] == 1.0 and row["mean_availability"] == pytest.approx(0.9625)
+def test_t_interval_without_spread_is_the_value():
+    ci = t_interval([0, 0, 0])
+    assert (ci.estimate, ci.low, ci.high) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_median():
+    xs = [10.0, 12.0, 11.0, 50.0, 13.0, 12.5, 11.5, 10.5]
+    ci = bootstrap_median(xs)
+    assert ci.estimate == 11.75 and ci.method == "bootstrap"  # (11.5 + 12) / 2
+    assert ci.low <= 11.75 <= ci.high and ci.low >= 10.0 and ci.high <= 50.0
+    assert bootstrap_median(xs) == ci  # a fixed random state: a re-run prints the same interval
+    assert bootstrap_median([5.0, 5.0]).low == 5.0
+    assert bootstrap_median([3.0]).low is None
+
+
+def test_per_day():
+    """A 15 s trace: 5 760 traces a day; p = 0.01 per trace gives 1 − 0.99^5760 per day."""
+    day = per_day(wilson_interval(1, 100), 15.0)
+    assert day.estimate == pytest.approx(1 - 0.99 ** 5760)
+    assert day.low == pytest.approx(1 - (1 - wilson_interval(1, 100).low) ** 5760)
+    assert per_day(wilson_interval(0, 100), 15.0).estimate == 0.0
+
+
+def test_estimate_of_a_policy():
+    base = {"status": "ok", "ack_latency_p99_ms": 5.0, "unavailable_partition_seconds": 2.0, "brokers_used": 6,
+            "replicas_per_message": 3.0, "replication_bytes": 1000}
+    rows = [{**base, "seed": s, "acked_lost": lost, "availability": a}
+            for s, lost, a in ((0, 0, 1.0), (1, 3, 0.9), (2, 1, 0.95), (3, 0, 1.0))]
+    rows.append({"seed": 4, "status": "fatal", "acked_lost": None, "availability": None,
+                 "ack_latency_p99_ms": None, "unavailable_partition_seconds": None, "replication_bytes": None})
+    e = estimate("kafka:acks=1", "kafka-acks1", rows, duration_s=10.0)
+    assert (e.seeds, e.fatal_seeds, e.seeds_with_loss) == (4, 1, 2)
+    row = e.row()
+    assert row["p_loss"] == 0.5 and row["mean_acked_lost"] == 1.0 and row["availability"] == pytest.approx(0.9625)
     assert row["p_loss_low"] < 0.5 < row["p_loss_high"]
-    assert 0.0 <= row["acked_lost_low"] < 1.0 < row["acked_lost_high"]
-    assert row["availability_high"] <= 1.0
+    assert 0.0 <= row["mean_acked_lost_low"] < 1.0 < row["mean_acked_lost_high"]
+    assert row["availability_high"] <= 1.0 and row["ack_p99_ms"] == 5.0 and row["unavailable_s"] == 2.0
+    assert e.cost == (6.0, 3.0, 1000.0)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -1,0 +1,163 @@
+"""The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk, without Spark.
+
+A sweep generates every seed's trace inside a Spark task (`engine/sweep.py`), where there is no Spark
+to run `expectations.trace_gate.annotate` on. This is the same rule set, named by the same `RULES`, evaluated
+with numpy over the chunks of one trace in file order, with each broker's state carried from one chunk to the
+next (down, isolated, incarnation, the largest applied upto_us since the last restart) and the msg_ids seen so
+far. tests/expectations/test_trace_rules.py checks that it flags exactly the rows the Spark gate flags.
+
+Order: within a chunk, a broker's rows are taken in (ts_us, SPEC §2.2 kind order, row) order, as the gate
+orders by (ts_us, kind order, file, row); chunks are taken in file order, which is time order for generated
+traces (SPEC §8 output layout). Unlike the Spark gate, no GX suite runs here: the counts are the result, and the
+sweep's output gate runs once on the sweep's results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from expectations.trace_gate import FATAL, QUARANTINE, ROW_RULES
+from schemas.trace import KIND_LABELS, STOP_KINDS, Kind, Manifest
+
+_STOP_CODES = np.array(sorted(int(k) for k in STOP_KINDS), dtype=np.int16)
+_UNKNOWN = -1
+
+
+@dataclass
+class _BrokerState:
+    down: bool = False
+    isolated: bool = False
+    incarnation: int = 0
+    max_upto: int | None = None  # largest applied upto_us in the current incarnation
+
+
+@dataclass
+class ChunkVerdict:
+    """One chunk's rule flags: rows to drop (fatal or quarantine) and the rule counts of this chunk."""
+
+    fatal: np.ndarray  # bool per row
+    quarantine: np.ndarray  # bool per row
+    counts: dict[str, int]
+
+
+@dataclass
+class TraceRules:
+    """Carried state of the row rules over one trace's chunks; `counts` accumulates per rule."""
+
+    manifest: Manifest
+    counts: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in ROW_RULES})
+    rows: int = 0
+    _brokers: dict[int, _BrokerState] = field(default_factory=dict)
+    _seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def fatal_rows(self) -> int:
+        return sum(self.counts[r.name] for r in ROW_RULES if r.severity == FATAL)
+
+    @property
+    def quarantined_rows(self) -> int:
+        return sum(self.counts[r.name] for r in ROW_RULES if r.severity == QUARANTINE)
+
+    def check(self, table: pa.Table) -> ChunkVerdict:
+        n = table.num_rows
+        self.rows += n
+        flags = {r.name: np.zeros(n, dtype=bool) for r in ROW_RULES}
+        kind_col = table.column("kind")
+        code = pc.index_in(kind_col, value_set=pa.array(KIND_LABELS)).fill_null(_UNKNOWN)
+        code = code.to_numpy(zero_copy_only=False).astype(np.int16)
+        kind_null = kind_col.is_null().to_numpy(zero_copy_only=False)
+        ts, ts_null = _ints(table, "ts_us")
+        broker, broker_null = _ints(table, "broker")
+        msg, msg_null = _ints(table, "msg_id")
+        size, size_null = _ints(table, "size_bytes")
+        upto, upto_null = _ints(table, "upto_us")
+        produce, replicate = code == int(Kind.PRODUCE), code == int(Kind.REPLICATE)
+
+        flags["kind-unknown"] = code == _UNKNOWN
+        flags["ts-out-of-range"] = ts_null | (ts < 0) | (ts > self.manifest.duration_us)
+        flags["broker-not-in-manifest"] = ~kind_null & ~produce & (
+            broker_null | ~np.isin(broker, np.array(self.manifest.broker_ids, dtype=np.int64)))
+        flags["produce-without-msg-id"] = produce & msg_null
+        flags["size-not-positive"] = produce & (size_null | (size <= 0))
+        flags["replicate-without-upto"] = replicate & upto_null
+        flags["upto-after-ts"] = replicate & ~upto_null & ~ts_null & (upto > ts)
+        flags["msg-id-duplicate"] = self._duplicates(produce & ~msg_null, msg)
+        self._broker_rules(flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate)
+
+        counts = {name: int(f.sum()) for name, f in flags.items()}
+        for name, c in counts.items():
+            self.counts[name] += c
+        fatal = np.zeros(n, dtype=bool)
+        quarantine = np.zeros(n, dtype=bool)
+        for r in ROW_RULES:
+            if r.severity == FATAL:
+                fatal |= flags[r.name]
+            else:
+                quarantine |= flags[r.name]
+        return ChunkVerdict(fatal, quarantine, counts)
+
+    def _duplicates(self, has_id: np.ndarray, msg: np.ndarray) -> np.ndarray:
+        """Every occurrence of a msg_id after its first one (file order), across chunks."""
+        out = np.zeros(len(msg), dtype=bool)
+        idx = np.flatnonzero(has_id)
+        if not len(idx):
+            return out
+        ids = msg[idx]
+        _, first = np.unique(ids, return_index=True)
+        later = np.ones(len(ids), dtype=bool)
+        later[first] = False
+        if len(self._seen):
+            pos = np.searchsorted(self._seen, ids)
+            later |= (pos < len(self._seen)) & (self._seen[np.minimum(pos, len(self._seen) - 1)] == ids)
+        out[idx] = later
+        self._seen = np.union1d(self._seen, ids)
+        return out
+
+    def _broker_rules(self, flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate):
+        """The broker state machine of `trace_gate.annotate`, per broker in (ts, kind order, row) order."""
+        rows = np.flatnonzero(~produce)
+        if not len(rows):
+            return
+        # Spark sorts null ts/kind order first; the unknown kind's order is null too.
+        ts_key = np.where(ts_null[rows], np.iinfo(np.int64).min, ts[rows])
+        kind_key = np.where(code[rows] == _UNKNOWN, -1, code[rows])
+        rows = rows[np.lexsort((rows, kind_key, ts_key))]
+        for b in np.unique(np.where(broker_null[rows], -1, broker[rows])):
+            mine = rows[np.where(broker_null[rows], -1, broker[rows]) == b]
+            state = self._brokers.setdefault(int(b), _BrokerState())
+            for i in mine:
+                k = int(code[i])
+                if k == int(Kind.REPLICATE):
+                    if state.down or state.isolated:
+                        flags["replicate-while-unavailable"][i] = True
+                        continue
+                    if not upto_null[i]:
+                        if state.max_upto is not None and upto[i] < state.max_upto:
+                            flags["upto-decreasing"][i] = True
+                        state.max_upto = int(upto[i]) if state.max_upto is None else max(state.max_upto,
+                                                                                          int(upto[i]))
+                elif k in _STOP_CODES:
+                    flags["stop-of-down-broker"][i] = state.down
+                    state.down = True
+                elif k == int(Kind.RESTART):
+                    flags["restart-of-up-broker"][i] = not state.down
+                    state.down = False
+                    state.incarnation += 1
+                    state.max_upto = None
+                elif k == int(Kind.ISOLATE):
+                    state.isolated = True
+                elif k == int(Kind.HEAL):
+                    flags["heal-of-unisolated-broker"][i] = not state.isolated
+                    state.isolated = False
+
+
+def _ints(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A column as int64 with nulls as 0, and its null mask."""
+    col = table.column(name)
+    null = col.is_null().to_numpy(zero_copy_only=False)
+    values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return values, null
