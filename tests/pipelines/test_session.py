@@ -27,5 +27,5 @@ def test_local_settings(spark):
 def test_every_table_schema_parses(spark):
     for spec in TABLES.values():
         schema = spec.spark_schema()
-        assert schema.fieldNames()[0] in ("run_id", "window_start_us", "validation_id"), spec.name
+        assert schema.fieldNames()[0] in ("run_id", "window_start_us", "validation_id", "sweep_id"), spec.name
         assert all(p in schema.fieldNames() for p in spec.partition_by)
