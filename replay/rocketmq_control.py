@@ -22,9 +22,11 @@ C1 Election winner. SPEC §3.4 rule 3 elects the longest log and §3.5 the highe
 C2 Cross-group retries happen only for failures the fault timeline predicts: the chosen group takes no writes
    (SPEC §3.3 rule 3, §3.4 rule 1), or, for DLedger, no majority of the group is up and reachable at any instant
    of [send, send + max_wait_ack_ms] (the entry cannot commit: the send fails with IN_SYNC_REPLICAS_NOT_ENOUGH at
-   send + max_wait_ack_ms and is retried at the next group then, §3.4 rule 2). Failures that depend on
-   replication (a commit that times out behind a stalled follower, a controller SyncStateSet below
-   min_insync_replicas, a master that dies before a message commits) fail in the unit with their own error.
+   send + max_wait_ack_ms and is retried at the next group then, §3.4 rule 2), or, for controller mode, the
+   master refuses before append because its SyncStateSet as the faults decide it is below min_insync_replicas
+   (C9: retried at once). Failures that depend on replication (a commit that times out behind a stalled
+   follower, a SyncStateSet that only replication shrinks, a master that dies before a message commits) fail in
+   the unit with their own error.
 C3 The uncommitted copy left by a DLedger attempt that is retried elsewhere is not appended at the first group
    (it could only surface as a duplicate, which one outcome row per message cannot show).
 C4 NameServer (SPEC §3.3 rule 1): the group's registered master (leader) is dropped at once when it crashes or
@@ -58,6 +60,23 @@ C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable 
    without an eligible member elects whenever one comes back. The kernel adds one data-dependent case the router
    cannot see: no SyncStateSet member is eligible (and no unclean election); that group takes no writes
    (`no_leader`) until one is.
+C9 Controller refusals (SPEC §3.7 C-2; `SendMessageProcessor` answers IN_SYNC_REPLICAS_NOT_ENOUGH as
+   SYSTEM_ERROR, one of `DefaultMQProducerImpl`'s retryResponseCodes, so the producer retries another group at
+   once, within retry_times_when_send_failed and the send timeout). The refusal depends on the SyncStateSet,
+   which replication changes, while units replay independently. Routing therefore tracks the SyncStateSet *as the
+   faults decide it*, an upper bound of the replayed one: every member is in at start; a slave leaves at its
+   crash or shutdown, or when the master's HA housekeeping closes its silent connection
+   (ha_housekeeping_interval_ms after a power loss, disk loss or isolation), if the master is up and reachable
+   then (SPEC §3.7 C-1); an election resets the set to the new master and the slaves that are up and reachable;
+   a slave that comes back is counted in (it rejoins once it catches up, which routing cannot see); an isolated
+   master (and a zombie) keeps the size it knew when it was cut off. A send whose client-known master has fewer
+   than min_insync_replicas there is refused and retried on another group at the same instant; with no retry
+   left it goes to that group, which refuses it (`in_sync_replicas_not_enough`). Because the bound is an upper
+   bound, a predicted refusal is always a real one (or C7's no-eligible-log case, which takes no writes either):
+   every shrink it applies the replay applies too, and a slave out of the set cannot rejoin while it is away.
+   Refusals that only replication decides (a slave removed by the ha_max_time_slave_not_catchup_ms check, one
+   back but not yet caught up, the set of a new master before its slaves report) are not predicted and fail in
+   the unit, as C2 says.
 R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`):
    `dledger` and `rocketmq-controller` clients learn a group's master only from their route polls (every
    route_refresh_ms from 0; the poll at 0 is the initial route, first member as master). `target` is the
@@ -400,6 +419,10 @@ class ControllerControl(ControlPlane):
         self.reincarnated = False  # the master restarted while its death was not yet noticed
         self.detect_pending = False
         self.zombie: int | None = None  # a replaced master, isolated, that still believes it leads (C7)
+        # C9: the SyncStateSet as the faults decide it (an upper bound of the replayed one)
+        self.maybe_in = {b: True for b in members}  # False: certainly out of the SyncStateSet
+        self.hk: dict[int, int] = {}  # slave -> when the master's HA housekeeping closes its silent connection
+        self.frozen: dict[int, int] = {}  # isolated master -> SyncStateSet size it knew when it was cut off
 
     def writable(self) -> bool:
         """R-1: the client-known broker is still the master (or a zombie that believes it is) and is up."""
@@ -411,6 +434,52 @@ class ControllerControl(ControlPlane):
             return not self.reincarnated
         return tgt == self.zombie
 
+    def refuses(self) -> bool:
+        """C9 (SPEC §3.7 C-2): the broker clients write to takes writes but refuses them before append
+        (IN_SYNC_REPLICAS_NOT_ENOUGH, `CommitLog.asyncPutMessage`) because its SyncStateSet, as far as the faults
+        decide it, is below min_insync_replicas. An isolated master (and a zombie) uses the set it knew when it
+        was cut off."""
+        tgt = self.target
+        if self.p.min_insync_replicas <= 1 or not self.writable():
+            return False
+        if self.iso[tgt]:
+            size = self.frozen.get(tgt, len(self.members))
+        else:
+            size = 1 + sum(1 for b in self.members if b != tgt and self.maybe_in[b])
+        return size < self.p.min_insync_replicas
+
+    def _sync_state(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        """C9 with SPEC §3.7 C-1 (`AutoSwitchHAService.removeConnection`, `MessageStoreConfig.haHousekeepingInterval`):
+        a slave leaves the SyncStateSet at its crash or shutdown, or ha_housekeeping_interval_ms after it lost
+        power or disk or was isolated, if the master is up and reachable then; it may rejoin once it is back."""
+        m = self.leader
+        if b == m:
+            if kind is Kind.ISOLATE:
+                self.frozen[b] = 1 + sum(1 for x in self.members if x != b and self.maybe_in[x])
+            return
+        if kind in (Kind.RESTART, Kind.HEAL):
+            self.hk.pop(b, None)
+            self.maybe_in[b] = True  # it rejoins when it catches up, which routing cannot see: maybe in
+            return
+        if m is None or not self.alive(m) or not self.maybe_in[b]:
+            return  # an unreachable master changes nothing; a slave already out stays out while it is away
+        if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
+            self.hk.pop(b, None)
+            self.maybe_in[b] = False
+        elif b not in self.hk:
+            self.hk[b] = t + self.p.ha_housekeeping_interval_ms * MS
+            self.seq += 1  # one pending closure per slave: pushed under the current generation, never superseded
+            heapq.heappush(self.heap, (key_of(self.hk[b], C_CHECK), self.seq, "housekeeping", b,
+                                       self.gen.get("housekeeping", 0)))
+
+    def _on_housekeeping(self, t: int, b: int) -> None:
+        if self.hk.get(b) != t:
+            return  # the slave came back (or an election reset the set) meanwhile
+        del self.hk[b]
+        m = self.leader
+        if m is not None and b != m and self.alive(m):
+            self.maybe_in[b] = False
+
     def _scan_deadline(self, t: int) -> int:
         """C7 with SPEC §3.7 C-1 (`DefaultBrokerHeartbeatManager`): heartbeat scans run 2000 ms after start, then
         every controller_scan_ms; the first at or after t + controller_heartbeat_timeout_ms notices."""
@@ -419,6 +488,7 @@ class ControllerControl(ControlPlane):
         return first + max(0, -(-(due - first) // scan)) * scan
 
     def _rules(self, t: int, kind: Kind, b: int, was_iso: bool) -> None:
+        self._sync_state(t, kind, b, was_iso)
         m = self.leader
         if b == m:
             if kind in (Kind.CRASH, Kind.SHUTDOWN) and not was_iso:
@@ -473,6 +543,9 @@ class ControllerControl(ControlPlane):
         new = eligible[0]
         self.leader = new
         self.epoch += 1
+        # C9: the new SyncStateSet is the new master; slaves that are back may rejoin, the others are out
+        self.maybe_in = {b: self.alive(b) for b in self.members}
+        self.hk.clear()
         self._register_leader(new)
         if self.hooks is not None:
             self.hooks.on_elect(t, new, tuple(eligible))
@@ -500,6 +573,7 @@ class GroupTimeline:
     writable: np.ndarray  # bool: a send the clients make now is taken (R-1)
     registered: np.ndarray  # bool
     quorum: np.ndarray  # bool: DLedger: the leader reaches a majority (an entry can commit)
+    refused: np.ndarray  # bool: controller: the client-known master refuses before append (C9)
 
     def at(self, query: np.ndarray) -> np.ndarray:
         """Index of the state in force at each query key (the last change at or before it)."""
@@ -514,7 +588,10 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
     def quorum() -> bool:
         return cp.can_commit() if isinstance(cp, DLedgerControl) else cp.alive_count() >= q
 
-    rows = [(-1, cp.writable(), cp.registered, quorum())]
+    def refused() -> bool:
+        return cp.refuses() if isinstance(cp, ControllerControl) else False
+
+    rows = [(-1, cp.writable(), cp.registered, quorum(), refused())]
     mine = np.isin(control.broker_id, np.array(members, dtype=np.int64))
     ts, kinds, bs = control.broker_ts[mine], control.broker_kind[mine], control.broker_id[mine]
     j = 0
@@ -530,7 +607,7 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
             j += 1
         else:
             cp.pop()
-        state = (cp.writable(), cp.registered, quorum())
+        state = (cp.writable(), cp.registered, quorum(), refused())
         if state != rows[-1][1:]:
             if rows[-1][0] == k:
                 rows[-1] = (k, *state)
@@ -538,7 +615,7 @@ def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionE
                 rows.append((k, *state))
     arr = list(zip(*rows, strict=True))
     return GroupTimeline(np.array(arr[0], dtype=np.int64), np.array(arr[1], dtype=bool),
-                         np.array(arr[2], dtype=bool), np.array(arr[3], dtype=bool))
+                         np.array(arr[2], dtype=bool), np.array(arr[3], dtype=bool), np.array(arr[4], dtype=bool))
 
 
 @dataclass
@@ -646,12 +723,15 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         g = group_at(cur_idx[active], active)
         k = key_of(at_us[active], code[active])
         writable = np.zeros(len(active), dtype=bool)
+        refused = np.zeros(len(active), dtype=bool)
         commit_ok = np.ones(len(active), dtype=bool)
         for gi, tl in enumerate(model.timelines):
             sel = g == gi
             if not sel.any():
                 continue
-            writable[sel] = tl.writable[tl.at(k[sel])]
+            at = tl.at(k[sel])
+            writable[sel] = tl.writable[at]
+            refused[sel] = tl.refused[at]
             if dledger:
                 starts, ends = model.quorum_intervals[gi]
                 last_k = key_of(at_us[active][sel] + wait_us, int(Kind.REPLICATE))
@@ -659,17 +739,19 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
                 okj = j < len(starts)
                 commit_ok[sel] = okj & (starts[np.minimum(j, max(len(starts) - 1, 0))] <= last_k) if len(starts) \
                     else False
-        taken = writable & commit_ok
+        taken = writable & commit_ok & ~refused
         rows_taken = active[taken]
         unit[rows_taken] = g[taken]
         part[rows_taken] = g[taken] * qpg + cur_idx[rows_taken] % qpg
         delay[rows_taken] = at_us[rows_taken] - ts[rows_taken]
         failed = ~taken
         no_retry = ordered_keyed[active] & failed
-        # a DLedger attempt without quorum fails max_wait_ack later; the retry needs time left (C2, C5)
-        next_at = at_us[active] + np.where(writable, wait_us, 0)
+        # a DLedger attempt without quorum fails max_wait_ack later, a refusal (C9) at once; the retry needs time
+        # left (C2, C5)
+        waited = writable & ~refused
+        next_at = at_us[active] + np.where(waited, wait_us, 0)
         can_retry = failed & ~no_retry & (attempts_left[active] > 0) & (next_at < deadline[active])
-        last_try = failed & ~can_retry & writable  # writable but cannot commit, no retry left: it ends here
+        last_try = failed & ~can_retry & writable  # taken but refused or uncommittable, no retry left: it ends here
         rows_last = active[last_try]
         unit[rows_last] = g[last_try]
         part[rows_last] = g[last_try] * qpg + cur_idx[rows_last] % qpg
@@ -677,7 +759,7 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         nxt = active[can_retry]
         if len(nxt):
             cur_idx[nxt] = _next_queue(cur_idx[nxt], route_pos[rid[nxt], g[can_retry]], count[nxt], qpg)
-            code[nxt] = np.where(writable[can_retry], C_ARRIVE, code[nxt])
+            code[nxt] = np.where(waited[can_retry], C_ARRIVE, code[nxt])
             at_us[nxt] = next_at[can_retry]
             attempts_left[nxt] -= 1
         active = nxt

@@ -65,7 +65,7 @@ class RocketMQGroupFamily:
         extra = {
             "rocketmq": ["groups", "slaves_per_master", "ordered"],
             "rocketmq-controller": ["groups", "slaves_per_master", "controller_heartbeat_timeout_ms",
-                                    "controller_scan_ms"],
+                                    "controller_scan_ms", "min_insync_replicas", "ha_housekeeping_interval_ms"],
             "dledger": ["group_size", "delivery_timeout_ms", "heartbeat_ms",
                         "max_heartbeat_leak", "vote_delay_ms", "max_wait_ack_ms"],
         }[policy.family]

@@ -18,6 +18,10 @@ R1 A request is answered only by the broker incarnation that took it: an ack whe
 R2 A message that reaches a group that takes no writes (which routing did not predict: a controller group with
    no eligible SyncStateSet member) fails with `no_leader`; one refused before append (controller
    SyncStateSet below min_insync_replicas) fails with `in_sync_replicas_not_enough`. Both are `absent`.
+   SPEC §3.7 C-2 (`SendMessageProcessor` answers IN_SYNC_REPLICAS_NOT_ENOUGH as SYSTEM_ERROR, which
+   `DefaultMQProducerImpl` retries on another group at once): routing (`replay/rocketmq_control.py` C9) sends a
+   refused send to another group when the faults alone put the SyncStateSet below min_insync_replicas, so a
+   group sees a refusal only on a send's last attempt or when replication alone shrank its set.
 R3 Flush (SPEC §3.1, §3.3): `rocketmq` and `rocketmq-controller` with flush=async flush a broker's CommitLog at
    ticks every flush_interval_ms from 0 when at least flush_least_bytes are dirty, and fully at the first tick
    at or after each multiple of flush_thorough_interval_ms; `dledger` flushes at every tick (a write is durable
@@ -884,6 +888,11 @@ class ControllerReference(GroupReference):
         return self._hw_of(b) if self.p.all_ack_in_sync_state_set else len(self.rep[b].log)
 
     def _arrive(self, t: int, msg: Msg) -> None:
+        """SPEC §3.5 min_insync_replicas (`CommitLog.asyncPutMessage`): refused before append while the serving
+        master's SyncStateSet is below it. SPEC §3.7 C-2 (`SendMessageProcessor` maps the refusal to SYSTEM_ERROR;
+        `DefaultMQProducerImpl` retries SYSTEM_ERROR on another group within retryTimesWhenSendFailed and
+        sendMsgTimeout): the retry is routing's (C9), so a refusal here is final: the send's last attempt, or a
+        SyncStateSet that only replication shrank (R2)."""
         srv = self._serving()
         if srv is None:
             self._fail(msg, Error.NO_LEADER)  # R2
