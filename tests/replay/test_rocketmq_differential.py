@@ -6,13 +6,20 @@ same-instant collisions) and random parameters. A failing case prints the policy
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.local import replay_local
+from replay.events import split_trace_table
+from replay.families import family_of
+from replay.local import control_events, replay_local
 from replay.results import coalesce_states
+from replay.rocketmq_control import key_of
 from schemas.outcomes import Error
+from schemas.trace import Kind
 
 from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
 
@@ -90,6 +97,52 @@ def test_chunked_equals_one_pass(family):
         check_chunks(*case, cuts)
 
     run()
+
+
+def check_refusals_predicted_are_real(manifest, table, policy) -> int:
+    """C9 (SPEC §3.7 C-2): with no retry, every send routed to a group at an instant where routing predicts a
+    refusal is refused by the replayed group (`in_sync_replicas_not_enough`; `no_leader` if the new master has no
+    eligible log, C7). Returns how many such sends the case had."""
+    policy = replace(policy, retry_times_when_send_failed=0)  # each send stays at its first group
+    _, broker_events = split_trace_table(table)
+    model = family_of(policy).model(policy, manifest, control_events(broker_events))
+    seen = 0
+    for r in replay_local(policy, manifest, table, engine="reference"):
+        tl = model.timelines[r.partition]
+        rec = r.messages.records
+        if not len(rec.msg_id):
+            continue
+        predicted = tl.refused[tl.at(key_of(rec.produce_us, int(Kind.PRODUCE)))] & (rec.payload["part"] >= 0)
+        errors = rec.error[predicted]
+        assert np.isin(errors, [Error.IN_SYNC_REPLICAS_NOT_ENOUGH, Error.NO_LEADER]).all(), \
+            context(manifest, table, policy)
+        seen += int(predicted.sum())
+    return seen
+
+
+def test_predicted_refusals_are_real():
+    seen = []
+
+    @FAST
+    @given(cases("rocketmq-controller"))
+    def run(case):
+        seen.append(check_refusals_predicted_are_real(*case))
+
+    run()
+    assert sum(seen) > 0  # the draw reaches predicted refusals (else the check above checked nothing)
+
+
+@pytest.mark.slow
+def test_predicted_refusals_are_real_many():
+    seen = []
+
+    @SLOW
+    @given(cases("rocketmq-controller"))
+    def run(case):
+        seen.append(check_refusals_predicted_are_real(*case))
+
+    run()
+    assert sum(seen) > 0
 
 
 @pytest.mark.slow
