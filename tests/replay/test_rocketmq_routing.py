@@ -30,7 +30,18 @@ def test_presets_that_route_alike_share_a_routing_key():
         "rocketmq-controller", "rocketmq-controller-allack", "dledger-3", "dledger-5")}
     assert key["rocketmq-async"] == key["rocketmq-sync"] == key["rocketmq-sync-syncflush"] == \
         key["rocketmq5-sync-default"] != key["rocketmq-ordered"]
-    assert key["rocketmq-controller"] == key["rocketmq-controller-allack"]
+    # SPEC §3.7 C-2: a refusal below min_insync_replicas is retried on another group (C9), so min_insync_replicas
+    # and the housekeeping that shrinks the SyncStateSet route once min_insync_replicas is above 1
+    assert key["rocketmq-controller"] != key["rocketmq-controller-allack"]  # the allack preset has min ISR 2
+
+    def controller_key(extra: str):
+        policy = parse_policy(f"rocketmq-controller:{extra}")
+        return family_of(policy).routing_key(policy)
+
+    assert controller_key("all_ack_in_sync_state_set=true,ha_housekeeping_interval_ms=5000") == \
+        key["rocketmq-controller"]
+    assert controller_key("min_insync_replicas=2") != controller_key(
+        "min_insync_replicas=2,ha_housekeeping_interval_ms=5000")
     assert key["dledger-3"] != key["dledger-5"]
 
 
@@ -42,7 +53,7 @@ def test_equal_routing_keys_route_every_message_alike(trace):
     batch = RouteInput(produce["ts_us"], msg_rank(produce["msg_id"]), pa.array(list(produce["key"]), pa.string()))
     pairs = [("rocketmq:slaves_per_master=0", "rocketmq:slaves_per_master=0,broker_role=SYNC_MASTER,flush=sync"),
              ("rocketmq-controller:slaves_per_master=0",
-              "rocketmq-controller:slaves_per_master=0,all_ack_in_sync_state_set=true,min_insync_replicas=2"),
+              "rocketmq-controller:slaves_per_master=0,all_ack_in_sync_state_set=true,in_sync_replicas=2"),
              ("dledger:group_size=1", "dledger:group_size=1,flush=sync,flush_interval_ms=null")]
     for a, b in pairs:
         routes = []
