@@ -712,7 +712,9 @@ class GroupReplay:
             self.pend.cols["err"][arr_rows] = Error.NO_LEADER  # R2
         elif refusing:
             st[arr_rows] = FAILED
-            self.pend.cols["err"][arr_rows] = Error.IN_SYNC_REPLICAS_NOT_ENOUGH  # R2: refused before append
+            # R2: refused before append. SPEC §3.7 C-2: refusals the faults decide were retried on another group by
+            # routing (`rocketmq_control` C9), so this is a send's last attempt or a set only replication shrank
+            self.pend.cols["err"][arr_rows] = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
         elif len(arr_rows):
             si = self.ix[srv]
             epoch = self._epoch_of(srv)
