@@ -30,3 +30,22 @@ def spark(tmp_path_factory):
 @pytest.fixture
 def lakehouse(tmp_path) -> Path:
     return tmp_path / "lakehouse"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print each test file's time (setup + call + teardown summed), slowest first: where the suite's time goes."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            duration = getattr(report, "duration", None)
+            nodeid = getattr(report, "nodeid", "")
+            if duration is None or not nodeid or getattr(report, "when", None) not in ("setup", "call", "teardown"):
+                continue
+            path = nodeid.split("::", 1)[0]
+            per_file[path] = per_file.get(path, 0.0) + duration
+    if not per_file:
+        return
+    terminalreporter.write_sep("=", "time per test file (setup + call + teardown)")
+    for path, seconds in sorted(per_file.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:9.1f}s  {path}")
+    terminalreporter.write_line(f"{sum(per_file.values()):9.1f}s  total")

@@ -3,7 +3,10 @@ exits 3 with the report path and leaves the previous version of every run table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -109,9 +112,19 @@ def test_each_expectation_catches_its_violation_and_names_the_run(spark, produce
     assert counts["every produced message has exactly one outcome per run"] == 1
 
 
-def test_failing_gate_exits_3_and_keeps_the_previous_version(spark, tmp_path, produced_ids):
-    lh = Lakehouse(tmp_path / "lh", spark)
-    record = RunRecord("run-x", "synthetic-trace", "synthetic:seed=1", "synthetic")
+@dataclass
+class GatedLakehouse:
+    """A lakehouse where run-x (good frames) passed the gate: both failing-gate tests write into it, each to
+    its own run, so the tables are created once (the lakehouse's creation is most of either test's time)."""
+
+    lh: Lakehouse
+    good: dict
+    gate_for: Callable[[dict], Callable[[], Any]]
+
+
+@pytest.fixture(scope="module")
+def gated(spark, tmp_path_factory, produced_ids) -> GatedLakehouse:
+    lh = Lakehouse(tmp_path_factory.mktemp("gated") / "lh", spark)
     good = run_frames(spark, "run-x", 1)
 
     def gate_for(frames):
@@ -120,13 +133,20 @@ def test_failing_gate_exits_3_and_keeps_the_previous_version(spark, tmp_path, pr
         return lambda: run_output_gate(spark, outputs, trace_id="synthetic-trace", run_ids=["run-x"],
                                        lakehouse=lh, produced_msg_ids=produced_ids)
 
-    lh.publish_runs([record], good, gate=gate_for(good))
+    lh.publish_runs([RunRecord("run-x", "synthetic-trace", "synthetic:seed=1", "synthetic")], good,
+                    gate=gate_for(good))
+    return GatedLakehouse(lh, good, gate_for)
+
+
+def test_failing_gate_exits_3_and_keeps_the_previous_version(gated):
+    lh, good = gated.lh, gated.good
+    record = RunRecord("run-x", "synthetic-trace", "synthetic:seed=1", "synthetic")
     versions = {t: DeltaTable(lh.path(t)).version() for t in RUN_TABLES}
     before = {t: sorted(map(tuple, lh.read(t).collect())) for t in RUN_TABLES}
 
     bad = corrupt(good, "partition_states", lambda d: d.withColumn("high_watermark", F.col("log_end_offset") + 1))
     with pytest.raises(GateFailed) as info:
-        lh.publish_runs([record], bad, gate=gate_for(bad))
+        lh.publish_runs([record], bad, gate=gated.gate_for(bad))
     error = info.value
     assert error.exit_code == 3 and "high_watermark <= log_end_offset" in str(error) and "run-x" in str(error)
     report = Path(error.report_path)
@@ -134,19 +154,25 @@ def test_failing_gate_exits_3_and_keeps_the_previous_version(spark, tmp_path, pr
     assert "high_watermark &lt;= log_end_offset" in report.read_text()
     assert {t: DeltaTable(lh.path(t)).version() for t in RUN_TABLES} == versions
     assert {t: sorted(map(tuple, lh.read(t).collect())) for t in RUN_TABLES} == before
-    assert [(r.run_id, r.status) for r in lh.read("runs").collect()] == [("run-x", "succeeded")]
-    assert lh.read("partition_states", succeeded_only=True).count() == good["partition_states"].count()
-    validation = lh.read("validations").where("suite = 'output_gate'").collect()
+    assert [(r.run_id, r.status) for r in lh.read("runs").where("run_id = 'run-x'").collect()] == [
+        ("run-x", "succeeded")]
+    assert (lh.read("partition_states", succeeded_only=True).where("run_id = 'run-x'").count()
+            == good["partition_states"].count())
+    # run-y's gate (the other test) records under its own trace, "t"
+    validation = lh.read("validations").where("suite = 'output_gate' AND trace_id = 'synthetic-trace'").collect()
     assert len(validation) == 1 and not validation[0].success and validation[0].report_path == str(report)
 
 
-def test_failing_gate_on_a_new_run_marks_it_failed(spark, tmp_path):
-    lh = Lakehouse(tmp_path / "lh", spark)
+def test_failing_gate_on_a_new_run_marks_it_failed(spark, gated):
+    lh = gated.lh
     bad = corrupt(run_frames(spark, "run-y", 2), "run_summary", lambda d: d.withColumn("acked_lost",
                                                                                        F.col("acked") + 1))
     outputs = RunOutputs(bad["message_outcomes"], bad["partition_states"], bad["loss_metrics"], bad["run_summary"])
     with pytest.raises(GateFailed):
         lh.publish_runs([RunRecord("run-y", "t", "p", "f")], bad, gate=lambda: run_output_gate(
             spark, outputs, trace_id="t", run_ids=["run-y"], lakehouse=lh))
-    assert [(r.run_id, r.status) for r in lh.read("runs").collect()] == [("run-y", "failed")]
-    assert lh.read("message_outcomes").count() == 0 and lh.succeeded_run_ids() == []
+    assert [(r.run_id, r.status) for r in lh.read("runs").where("run_id = 'run-y'").collect()] == [
+        ("run-y", "failed")]
+    # Nothing of run-y in the run tables; run-x (published before, in the same tables) is the only succeeded run.
+    assert lh.read("message_outcomes").where("run_id = 'run-y'").count() == 0
+    assert lh.succeeded_run_ids() == ["run-x"]

@@ -190,6 +190,7 @@ def test_sweep_estimates_match_the_results_it_wrote(spark, workdir):
     assert_png(workdir / "04_sweep" / "sweep.png")
 
 
+@pytest.mark.slow  # a second Spark process; the fast suite runs the same notebook in-process (above)
 def test_dledger_vs_kafka_notebook_runs_from_the_dist_zip(tmp_path):
     """Notebook 03 imports its study (`report.dledger_vs_kafka`) from the installed package: run from a copy
     outside the checkout with only `make dist`'s zip on the path (no repo, no editable install), it finds the

@@ -190,9 +190,11 @@ def _kill_after(proc: subprocess.Popen, marker: str, timeout_s: float = 600) -> 
 
 # The writer prints a step, then immediately starts the next commit: killing right after a marker lands in
 # the middle of the next write (or of the commit of the run row).
-# Two points run by default, all of them in the slow suite (each costs a Spark process).
+# One point runs in the fast suite (mid-way through the run tables), all of them in the slow suite (each costs a
+# Spark process).
 KILL_POINTS = [pytest.param("step begin a", marks=pytest.mark.slow), "step wrote message_outcomes a",
-               pytest.param("step wrote loss_metrics a", marks=pytest.mark.slow), "step wrote run_summary a"]
+               pytest.param("step wrote loss_metrics a", marks=pytest.mark.slow),
+               pytest.param("step wrote run_summary a", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("marker", KILL_POINTS)
@@ -211,6 +213,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(spark, tmp_path, b_only, 
     assert snapshot(root) == reference
 
 
+@pytest.mark.slow  # two writer processes (two JVMs) at once: 3 minutes on 2 cores
 def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, reference):
     root = tmp_path / "lakehouse"  # fresh: the two processes also race to create the tables
     procs = [writer(root, "--run-id", "a", "--seed", "1"), writer(root, "--run-id", "b", "--seed", "2")]

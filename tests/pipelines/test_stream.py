@@ -39,9 +39,9 @@ from storage.trace_loader import read_events_arrow, read_events_spark
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "tests" / "scenarios"
 ALL_GOLDEN = sorted(p.name for p in SCENARIOS.iterdir() if (p / "expected.json").is_file())
-# In CI: an isolated zombie leader and a DLedger group losing its quorum (the chaos trace covers the other fault
-# kinds and families); the slow suite streams every golden scenario.
-GOLDEN = ["k10-zombie-leader", "d5-dledger-quorum-loss"]
+# The fast suite streams one golden scenario, an isolated zombie leader (the chaos trace covers the other fault
+# kinds and both families); the slow suite streams every golden scenario, d5-dledger-quorum-loss included.
+GOLDEN = ["k10-zombie-leader"]
 CHAOS_PRESETS = ["kafka-acks1", "kafka-durable", "kafka-unclean", "rocketmq-async", "rocketmq-sync",
                  "rocketmq-ordered", "dledger-3", "rocketmq-controller"]
 TIMEOUT_S = 900
@@ -196,16 +196,23 @@ def core_runs(spark, chaos, tmp_path_factory) -> dict[str, CoreRun]:
     runs.append(CoreRun("out-of-order", write_stream_trace(manifest, [parts[0], parts[1], parts[3], parts[2]],
                                                            root / "out-of-order"),
                         [parse_policy("kafka-durable"), parse_policy("dledger-3")], lateness_ms=late_span_ms + 1))
-    # A generated trace as `replab generate` writes it (several files, then events/_COMPLETE).
+    run_all(spark, runs, root)
+    return {r.name: r for r in runs}
+
+
+@pytest.fixture(scope="module")
+def generated_run(spark, tmp_path_factory) -> CoreRun:
+    """A generated trace as `replab generate` writes it (several files, then events/_COMPLETE)."""
     from generators.generate import generate_trace
     from generators.library import resolve_scenario
 
+    root = tmp_path_factory.mktemp("stream-generated")
     steady = root / "steady-state"
     generate_trace(spark, resolve_scenario("steady-state"), seed=1, scale=0.02, out=steady,
                    target_events_per_chunk=1500)
-    runs.append(CoreRun("steady-state", steady, [parse_policy("kafka-acks1"), parse_policy("rocketmq-sync")]))
-    run_all(spark, runs, root)
-    return {r.name: r for r in runs}
+    run = CoreRun("steady-state", steady, [parse_policy("kafka-acks1"), parse_policy("rocketmq-sync")])
+    run_all(spark, [run], root)
+    return run
 
 
 # ------------------------------------------------------------------------------------------------ tests
@@ -320,8 +327,9 @@ def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
     assert_same_as_batch(spark, run)
 
 
-def test_generated_trace_stream_equals_batch(spark, core_runs):
-    run = core_runs["steady-state"]
+@pytest.mark.slow  # the fast suite's multi-file case is the chaos trace in four files
+def test_generated_trace_stream_equals_batch(spark, generated_run):
+    run = generated_run
     assert (run.trace / "events" / "_COMPLETE").is_file()
     assert len(list((run.trace / "events").glob("part-*.parquet"))) >= 3
     assert_same_as_batch(spark, run)
@@ -439,7 +447,11 @@ RUN_TABLES = ("message_outcomes", "partition_states", "unavailability", "committ
               "run_summary")
 
 
-def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(spark, late_trace, tmp_path):
+# The fast suite runs the end-to-end replay once without a kill (the same tables, watermarks and quarantine);
+# the kill -9 and restart from the checkpoint (a second Spark process) runs in the slow suite.
+@pytest.mark.parametrize("killed", [pytest.param(True, marks=pytest.mark.slow, id="killed"),
+                                    pytest.param(False, id="uninterrupted")])
+def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(spark, late_trace, tmp_path, killed):
     """SIGKILL after micro-batch 1, restart from the checkpoint: every run table equals batch mode on the trace
     without the late rows; the late rows are counted once per run and quarantined once, with their reason."""
     from pyspark.sql import functions as F
@@ -455,8 +467,9 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
            "--allowed-lateness-ms", str(late_trace.lateness_ms), *[a for p in specs for a in ("--policy", p)]]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "REPLAB_SPARK_MASTER": "local[2]",
            "REPLAB_WAREHOUSE_DIR": str(tmp_path / "warehouse"), "REPLAB_DRIVER_MEMORY": "1g"}
-    kill_after_micro_batch(cli, env, tmp_path, batch=1, timeout_s=TIMEOUT_S)
-    assert not json.loads((checkpoint / "stream.json").read_text())["published"]  # killed mid-way
+    if killed:
+        kill_after_micro_batch(cli, env, tmp_path, batch=1, timeout_s=TIMEOUT_S)
+        assert not json.loads((checkpoint / "stream.json").read_text())["published"]  # killed mid-way
 
     report = run_stream_replay(spark, ReplayRequest(
         trace=str(late_trace.trace), policies=policies, lakehouse=str(lakehouse), mode="stream", mlflow=False,
@@ -485,6 +498,7 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     assert [raw[(run_ids[0], row)] for row in late_trace.late_rows] == late_trace.late_raw
 
 
+@pytest.mark.slow  # generator and replay racing on 2 cores: minutes; the fast end-to-end case is the one above
 def test_live_trace_replayed_while_it_is_written_equals_batch(spark, tmp_path):
     """`replab generate --live` appends time slices while `replab replay --mode stream` runs on the same trace
     (the README's live replay): the replay starts before the trace is complete, reads the slices as they come

@@ -1,6 +1,6 @@
 """The sweep's Delta tables survive a kill: a `replab sweep` process killed (SIGKILL) while its Spark job runs,
-then run again, ends with the same `sweeps` and `sweep_results` as an uninterrupted sweep; re-running replaces
-the sweep's rows (no duplicates)."""
+then run again, ends with the same `sweeps` and `sweep_results` as an uninterrupted sweep (slow suite);
+re-running replaces the sweep's rows (no duplicates)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -39,10 +41,48 @@ def _sweep(lh: Path, out: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def test_killed_sweep_rerun_equals_uninterrupted(spark, tmp_path):
+@dataclass
+class CleanSweep:
+    """One uninterrupted sweep, run in this process; its rows as first written."""
+
+    lakehouse: Path
+    request: Any
+    sweep_id: str
+    rows: dict[str, list[dict]]
+
+
+@pytest.fixture(scope="module")
+def clean_sweep(spark, tmp_path_factory) -> CleanSweep:
     from engine.sweep_run import SweepRequest, run_sweep
     from replay.policies import parse_policy
 
+    root = tmp_path_factory.mktemp("sweep-clean")
+    request = SweepRequest(scenario="demo", seeds=4, scale=0.02,
+                           policies=[parse_policy("kafka-acks1"), parse_policy("kafka-durable")],
+                           labels=["kafka-acks1", "kafka-durable"], lakehouse=str(root / "lakehouse"),
+                           out=str(root / "out"), mlflow=False)
+    first = run_sweep(spark, request)
+    lh = Path(request.lakehouse)
+    rows = {name: _rows(lh, name) for name in ("sweeps", "sweep_results")}
+    for name in rows:
+        assert _writes(lh, name) == 1, name
+    assert len(rows["sweep_results"]) == 8
+    return CleanSweep(lh, request, first.sweep_id, rows)
+
+
+def test_rerun_replaces_the_sweeps_rows(spark, clean_sweep):
+    """Re-running replaces the sweep's rows: same rows, one more commit per table, no duplicates."""
+    from engine.sweep_run import run_sweep
+
+    again = run_sweep(spark, clean_sweep.request)
+    assert again.sweep_id == clean_sweep.sweep_id
+    for name, rows in clean_sweep.rows.items():
+        assert _rows(clean_sweep.lakehouse, name) == rows
+        assert _writes(clean_sweep.lakehouse, name) == 2
+
+
+@pytest.mark.slow  # two `replab sweep` processes (two JVMs); the fast suite keeps the re-run above
+def test_killed_sweep_rerun_equals_uninterrupted(clean_sweep, tmp_path):
     killed_lh = tmp_path / "killed"
     proc = _sweep(killed_lh, tmp_path / "out1")
     try:
@@ -67,21 +107,6 @@ def test_killed_sweep_rerun_equals_uninterrupted(spark, tmp_path):
     rerun = _sweep(killed_lh, tmp_path / "out1")
     output, _ = rerun.communicate(timeout=1200)
     assert rerun.returncode == 0, output
-
-    clean_lh = tmp_path / "clean"
-    request = SweepRequest(scenario="demo", seeds=4, scale=0.02,
-                           policies=[parse_policy("kafka-acks1"), parse_policy("kafka-durable")],
-                           labels=["kafka-acks1", "kafka-durable"], lakehouse=str(clean_lh),
-                           out=str(tmp_path / "out2"), mlflow=False)
-    first = run_sweep(spark, request)
-    for name in ("sweeps", "sweep_results"):
-        assert _rows(killed_lh, name) == _rows(clean_lh, name), name
+    for name, rows in clean_sweep.rows.items():
+        assert _rows(killed_lh, name) == rows, name
         assert _writes(killed_lh, name) == 1
-    assert len(_rows(clean_lh, "sweep_results")) == 8
-
-    # Re-running replaces the sweep's rows: same rows, one more commit per table, no duplicates.
-    again = run_sweep(spark, request)
-    assert again.sweep_id == first.sweep_id
-    for name in ("sweeps", "sweep_results"):
-        assert _rows(clean_lh, name) == _rows(killed_lh, name)
-        assert _writes(clean_lh, name) == 2
