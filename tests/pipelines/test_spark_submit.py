@@ -144,10 +144,7 @@ sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__mod
                  and "editable" not in type(f).__name__.lower() and "editable" not in str(f).lower()]
 sys.path.insert(0, {str(dist_zip)!r})
 import pipelines, replay.policies, generators.library
-# What notebook 03 imports (its from-the-zip run is in the slow suite): every layer below it comes from the zip.
-import report.dledger_vs_kafka, engine.replay, storage.lakehouse, pipelines.notebook_env
-for name in ("pipelines", "report.dledger_vs_kafka", "engine.replay", "storage.lakehouse", "pipelines.notebook_env"):
-    assert sys.modules[name].__file__.startswith({str(dist_zip)!r}), sys.modules[name].__file__
+assert pipelines.__file__.startswith({str(dist_zip)!r}), pipelines.__file__
 presets = replay.policies.presets()
 scenarios = generators.library.scenario_files()
 print(len(presets), len(scenarios), "demo" in scenarios)
@@ -158,35 +155,30 @@ print(len(presets), len(scenarios), "demo" in scenarios)
     assert int(presets) >= 10 and int(scenarios) >= 20 and has_demo == "True"
 
 
-def submit_replay_job(master: list[str], dist_zip: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """spark-submit pipelines/replay_job.py with the zip on --py-files; returns the lakehouse and the summary
-    JSON the job wrote."""
+def test_replay_job_on_a_standalone_cluster(spark, standalone, dist_zip, tmp_path):
+    from replay.policies import parse_policy
     from storage.session import cached_jars, delta_package, jars_dir
 
+    case = next(c for c in json.loads((K2 / "expected.json").read_text()) if c["policy"] == "kafka:partitions=1,acks=1")
     lakehouse = tmp_path / "lakehouse"
     summary_json = tmp_path / "summary.json"
     jars = cached_jars()  # the spark fixture has resolved (or found) them
     delta = ["--jars", ",".join(jars)] if jars else ["--packages", delta_package(), "--conf",
                                                       f"spark.jars.ivy={jars_dir() / 'ivy'}"]
-    cmd = [str(spark_home() / "bin" / "spark-submit"), *master, "--py-files", str(dist_zip),
-           *delta, "--driver-memory", "1g", "--conf", "spark.ui.enabled=false", "--conf",
-           "spark.sql.shuffle.partitions=2", "pipelines/replay_job.py", "--trace", str(K2), "--policy",
-           "kafka-acks1:partitions=1", "--no-mlflow", "--lakehouse", str(lakehouse), "--summary-json",
-           str(summary_json)]
+    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", standalone.url, "--py-files", str(dist_zip),
+           *delta, "--driver-memory", "1g", "--executor-memory", "1g", "--total-executor-cores", "1",
+           "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+           "pipelines/replay_job.py", "--trace", str(K2), "--policy", "kafka-acks1:partitions=1", "--no-mlflow",
+           "--lakehouse", str(lakehouse), "--summary-json", str(summary_json)]
     out = subprocess.run(cmd, cwd=REPO, env=cluster_env(), capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S,
                          start_new_session=True)
     assert out.returncode == 0, f"spark-submit exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
     if jars:
         # The factory must not resolve Delta again under spark-submit (no Ivy resolution in the driver's log).
         assert "resolving dependencies" not in out.stderr
-    return lakehouse, summary_json
+    # The work ran on the cluster's executor (its folder under the worker's work dir), not in the driver.
+    assert list(standalone.work_dir.glob("app-*/*/stderr"))
 
-
-def assert_k2_acks1_tables(spark, lakehouse: Path, summary_json: Path) -> None:
-    """The job's Delta tables hold the golden run summary and message outcomes of k2 under acks=1."""
-    from replay.policies import parse_policy
-
-    case = next(c for c in json.loads((K2 / "expected.json").read_text()) if c["policy"] == "kafka:partitions=1,acks=1")
     run_id = json.loads(summary_json.read_text())[0]["run_id"]
     assert parse_policy("kafka-acks1:partitions=1").canonical() == parse_policy(case["policy"]).canonical()
     delta_read = spark.read.format("delta")
@@ -200,19 +192,3 @@ def assert_k2_acks1_tables(spark, lakehouse: Path, summary_json: Path) -> None:
     for msg_id, expected in case["messages"].items():
         for field, value in expected.items():
             assert outcomes[int(msg_id)][field] == value, (msg_id, field)
-
-
-def test_replay_job_through_spark_submit_in_local_mode(spark, dist_zip, tmp_path):
-    """The fast suite's spark-submit case: the same job, zip and jars as on the cluster, driver and executor in
-    one JVM (the standalone cluster below costs minutes more and runs in `make test-slow`)."""
-    lakehouse, summary_json = submit_replay_job(["--master", "local[2]"], dist_zip, tmp_path)
-    assert_k2_acks1_tables(spark, lakehouse, summary_json)
-
-
-@pytest.mark.slow  # a master, a worker and an executor JVM on top of the driver: about 7 minutes on 2 cores
-def test_replay_job_on_a_standalone_cluster(spark, standalone, dist_zip, tmp_path):
-    lakehouse, summary_json = submit_replay_job(
-        ["--master", standalone.url, "--executor-memory", "1g", "--total-executor-cores", "1"], dist_zip, tmp_path)
-    # The work ran on the cluster's executor (its folder under the worker's work dir), not in the driver.
-    assert list(standalone.work_dir.glob("app-*/*/stderr"))
-    assert_k2_acks1_tables(spark, lakehouse, summary_json)
