@@ -156,12 +156,14 @@ def test_mlflow_ui_lists_every_policy_with_its_key_figures(k2_mlflow_replay, mlf
     names = sorted(r["info"]["run_name"] for r in runs)
     assert names == sorted(replay.canonical(c) for c in replay.expected)
 
-    # What the UI shows, from the same server: each policy's key figures equal the replay's (expected.json).
+    # What the UI shows, from the same server: each policy's key figures equal the replay's own summaries.
     by_name = {r["info"]["run_name"]: {m["key"]: m["value"] for m in r["data"]["metrics"]} for r in runs}
-    for case in replay.expected:
-        shown = by_name[replay.canonical(case)]
+    for run, summary in zip(replay.report.runs, replay.report.summaries, strict=True):
+        shown = by_name[run.canonical]
         for metric in ("acked_lost", "availability", "ack_latency_p99_ms"):
-            assert shown[metric] == pytest.approx(case["summary"][metric]), (case["policy"], metric)
+            assert shown[metric] == pytest.approx(summary[metric]), (run.canonical, metric)
+    lost = {c["policy"]: c["summary"]["acked_lost"] for c in replay.expected}
+    assert sorted(by_name[replay.canonical(c)]["acked_lost"] for c in replay.expected) == sorted(lost.values())
 
     profile = tmp_path / "profile"
     # The experiment's runs page (the "Model training" view) lists every policy run by name.
