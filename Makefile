@@ -13,7 +13,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := true
 
-.PHONY: demo test test-slow bench lint fmt dist lock clean venv testbed
+.PHONY: demo test test-slow bench lint fmt dist lock clean venv testbed browser
 
 venv: $(STAMP)
 
@@ -37,6 +37,15 @@ test-slow: $(STAMP)
 # README's agreement table. About 4 minutes per scenario on two cores.
 testbed: $(STAMP)
 	$(PY) -m pipelines.testbed_job $(TESTBED_ARGS)
+
+# Headless Chromium from Debian's packages, for the tests that open the reports and the MLflow UI in a real
+# browser (tests/pipelines/test_browser.py; skipped without it). Does nothing when it is there, or without root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; } && echo "chromium installed"; \
+	  else echo "chromium missing: install Debian's chromium package as root (apt-get install chromium)"; fi; }
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)

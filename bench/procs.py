@@ -58,6 +58,15 @@ def worker_peak_mb(jvm_pid: int | None) -> float | None:
     return max(peaks) if peaks else None
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """CPU time so far of one process and its reaped children (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime, stime, cutime, cstime
+
+
 def cpu_seconds(jvm_pid: int | None) -> float:
     """CPU time so far of this process, the driver JVM and the Python workers (with their reaped children)."""
     own = resource.getrusage(resource.RUSAGE_SELF)

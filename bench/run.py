@@ -1,7 +1,7 @@
 """`make bench`: every benchmark behind the README's figures (SPEC §10), one after the other, each in its own
 process (one SparkSession each, nothing shared), results as JSON in bench/results/ and one Markdown summary.
 
-    python -m bench.run                    # kernel, generator, Spark replay, stream (where present)
+    python -m bench.run                    # kernel, generator, Spark replay, stream, sweep (where present)
     python -m bench.run --only kernel,spark
     python -m bench.run --quick            # small sizes: a smoke run of every benchmark (minutes)
 
@@ -28,6 +28,9 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "generate": ("bench.generate_bench", [], ["--sizes", "1e6"]),
     "spark": ("bench.spark_bench", ["--sizes", "1e6,1e7"], ["--sizes", "2e5", "--skip-full"]),
     "stream": ("bench.stream_bench", [], []),
+    # The sweep's marginal cost per seed against one replay core, and a 2-worker standalone cluster vs local[1].
+    "sweep": ("bench.sweep_bench", ["--cluster-seeds", "40"], ["--seeds", "2,6", "--core-seeds", "2",
+                                                               "--cluster-seeds", "6"]),
     "dledger-vs-kafka": ("report.dledger_vs_kafka", [], []),
 }
 

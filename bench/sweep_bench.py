@@ -8,8 +8,14 @@
   The marginal cost per seed is (T(N) − T(n)) / (N − n) in wall seconds, times the cores the job ran on, in
   core-seconds: the figure to hold against the replay core (target ≤ 1.2×).
 
+- **standalone cluster** (`--cluster-seeds N`): the same job of N seeds on `local[1]` and on a Spark standalone
+  cluster of two one-core workers on 127.0.0.1 (`bench/cluster.py`, started here and stopped by process group);
+  the speed-up is wall time on local[1] over wall time on the cluster (target ≥ 1.7×), with CPU seconds of
+  every process involved and the load average beside it (the machine is shared).
+
     python -m bench.sweep_bench                               # demo at scale 0.1, the 7 Kafka presets, 4 and 200
     python -m bench.sweep_bench --seeds 4,50 --json out.json
+    python -m bench.sweep_bench --seeds 0 --cluster-seeds 24  # only the cluster against local[1]
 """
 
 from __future__ import annotations
@@ -55,10 +61,9 @@ def core_seconds(spec, seeds: list[int]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.sweep import SweepSpec, run_sweep_job
+    from engine.sweep import SweepSpec
     from generators.library import resolve_scenario
     from replay.policies import all_presets
-    from storage.session import get_spark
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="demo")
@@ -66,13 +71,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="4,200", help="small,large seed counts of the sweep job")
     ap.add_argument("--core-seeds", type=int, default=5)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--cluster-seeds", type=int, default=0,
+                    help="also time N seeds on local[1] and on a 2-worker standalone cluster (0: not)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    small, large = (int(x) for x in args.seeds.split(","))
     spec = SweepSpec(resolve_scenario(args.scenario), args.scale,
                      tuple(policy for _, policy in all_presets() if policy.family == "kafka"))
+    rows: list[Row] = []
+    lines: list[str] = []
+    if args.seeds != "0":
+        lines += marginal(spec, args, rows)
+    if args.cluster_seeds:
+        lines += cluster_speedup(spec, args.cluster_seeds, rows)
+    table = ["| what | seeds | wall s | CPU s | per seed s | load |", "|---|---:|---:|---:|---:|---:|"]
+    table += [f"| {r.what} | {r.seeds} | {r.wall_s:.2f} | {r.cpu_s:.2f} | {r.per_seed_s:.3f} | {r.load} |"
+              for r in rows]
+    return emit(rows, "\n".join([*table, "", *lines]), args.json)
 
-    rows = []
+
+def _tree_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of these processes and everything under them (executors, Python workers)."""
+    from bench.procs import descendants, proc_cpu_seconds
+
+    return sum(proc_cpu_seconds(p) for root in pids for p in [root, *descendants(root)])
+
+
+def _timed(spark, spec, seeds: int, extra_pids: list[int]) -> tuple[float, float]:
+    from engine.sweep import run_sweep_job
+
+    jvm = jvm_pid(spark)
+    run_sweep_job(spark, spec, range(1000, 1002))  # warm-up: executors, Python workers, imports
+    cpu0, t0 = cpu_seconds(jvm) + _tree_cpu(extra_pids), time.monotonic()
+    table = run_sweep_job(spark, spec, range(seeds))
+    wall, cpu = time.monotonic() - t0, cpu_seconds(jvm) + _tree_cpu(extra_pids) - cpu0
+    assert table.num_rows == seeds * len(spec.policies)
+    return wall, cpu
+
+
+def cluster_speedup(spec, seeds: int, rows: list[Row]) -> list[str]:
+    """N seeds on local[1], then on a standalone cluster of two one-core workers; the same parallelism (tasks)."""
+    import tempfile
+
+    from bench.cluster import standalone_cluster
+    from storage.session import get_spark
+
+    conf = {"spark.default.parallelism": "2", "spark.executor.cores": "1", "spark.executor.memory": "1g",
+            "spark.cores.max": "2"}
+    spark = get_spark("replab-sweep-bench-local1", master="local[1]", extra_conf=conf)
+    local = _timed(spark, spec, seeds, [])
+    spark.stop()
+    rows.append(Row(f"sweep job, {seeds} seeds (local[1])", seeds, *local, local[0] / seeds, load_average()))
+    with tempfile.TemporaryDirectory(prefix="replab-cluster-") as tmp, \
+            standalone_cluster(workers=2, cores=1, memory="2g", work_dir=tmp) as cluster:
+        spark = get_spark("replab-sweep-bench-cluster", master=cluster.url, extra_conf=conf)
+        try:
+            remote = _timed(spark, spec, seeds, cluster.pids[1:])
+        finally:
+            spark.stop()
+    rows.append(Row(f"sweep job, {seeds} seeds (standalone, 2 workers × 1 core)", seeds, *remote,
+                    remote[0] / seeds, load_average()))
+    return [f"standalone 2 × 1 core vs local[1]: {local[0] / remote[0]:.2f}× (wall), CPU seconds "
+            f"{local[1]:.1f} vs {remote[1]:.1f}"]
+
+
+def marginal(spec, args, rows: list[Row]) -> list[str]:
+    from engine.sweep import run_sweep_job
+    from storage.session import get_spark
+
+    small, large = (int(x) for x in args.seeds.split(","))
     core = core_seconds(spec, list(range(args.core_seeds)))
     rows.append(Row("replay core, one seed (no Spark, CPU s)", 1, core, core, core, load_average()))
     spark = get_spark("replab-sweep-bench", master=args.master)
@@ -92,12 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(Row(f"marginal seed, wall × {cores} cores", large - small, marginal_wall * cores, marginal_cpu,
                     marginal_wall * cores, load_average()))
     spark.stop()
-    table = ["| what | seeds | wall s | CPU s | per seed s | load |", "|---|---:|---:|---:|---:|---:|"]
-    table += [f"| {r.what} | {r.seeds} | {r.wall_s:.2f} | {r.cpu_s:.2f} | {r.per_seed_s:.3f} | {r.load} |"
-              for r in rows]
-    table.append(f"\nmarginal seed / replay core: {marginal_wall * cores / core:.2f}× (core-seconds), "
-                 f"{marginal_cpu / core:.2f}× (CPU seconds)")
-    return emit(rows, "\n".join(table), args.json)
+    return [f"marginal seed / replay core: {marginal_wall * cores / core:.2f}× (core-seconds), "
+            f"{marginal_cpu / core:.2f}× (CPU seconds)"]
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Thin: the SLO and the space are parsed first (bad input exits 2 before any Spark work), the sweep runs or is read
 back from the lakehouse (`engine.sweep_run.run_sweep`, `reuse=True`), `engine.recommend` decides, and the
 MLflow parent run of the sweep carries the recommendation (tags `replab.slo`, `replab.recommended`; the
-decision as `recommendation.json`), with one child run per policy.
+decision as `recommendation.json`, the section as `recommendation.html`, `report.recommend`), with one child run
+per policy.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def print_recommendation(rec: Recommendation, console) -> None:
 def cli(args: argparse.Namespace) -> int:
     from engine.sweep_run import check_request, log_sweep, run_sweep
     from pipelines.sweep_job import print_sweep, print_where, request_from
+    from report.recommend import FILE as PAGE
+    from report.recommend import write_page
     from report.terminal import console as terminal
     from storage.session import get_spark
 
@@ -84,6 +87,7 @@ def cli(args: argparse.Namespace) -> int:
     rec = recommend(sweep.estimates, slo)
     path = sweep.out_dir / "recommendation.json"
     path.write_text(json.dumps({"sweep_id": sweep.sweep_id, **rec.to_json()}, indent=1) + "\n")
+    page = write_page(rec, sweep.out_dir / PAGE, title=f"{sweep.name}: cost against the SLO")
     if not args.no_mlflow:
         chosen = rec.chosen.estimate if rec.chosen else None
         request.mlflow = True
@@ -94,9 +98,11 @@ def cli(args: argparse.Namespace) -> int:
         sweep.write()
         from engine import tracking
 
-        tracking.client_for(request.tracking_uri).log_artifact(sweep.parent_run_id, str(path))
+        client = tracking.client_for(request.tracking_uri)
+        client.log_artifact(sweep.parent_run_id, str(path))
+        client.log_artifact(sweep.parent_run_id, str(page))
     print_sweep(sweep, console, highlight=rec.chosen.estimate.policy if rec.chosen else None)
     print_recommendation(rec, console)
     print_where(sweep, console)
-    console.print(f"recommendation: {path}")
+    console.print(f"recommendation: {path}, {page}")
     return 0

@@ -7,8 +7,10 @@ folder (default `reports/<experiment>`):
 - `pareto.png` (from MLflow alone), and, when the lakehouse named by the runs' `replab.lakehouse` tag is
   still there, `latency_cdf.png` and the leader/ISR timeline of the policy that fared worst; the loss and
   unavailability timeline comes from the lakehouse, else from the runs' per-window MLflow series;
-- `report.html`: self-contained (CSS inline, plots as base64 data URIs), readable offline or as an MLflow
-  artifact;
+- `report.html`: self-contained, readable offline or as an MLflow artifact: CSS and plotly.js inline (once),
+  the Pareto chart, the latency CDF and the loss timeline as interactive charts (`report.interactive`: hover
+  names the policy as typed beside its canonical form, the legend toggles families), the partition timeline
+  and the testbed's plot as base64 PNGs;
 
 prints the table in the terminal, and logs the folder as artifacts of a separate `replab.kind=comparison` run
 of the experiment, so that policy runs stay one per policy. An unknown experiment is bad input (exit 2).
@@ -53,6 +55,7 @@ class PolicyResult:
     params: dict[str, str]
     tags: dict[str, str]
     label: str = ""
+    name: str = ""  # the run's name: the policy as typed (a preset name), else its canonical string
 
     @property
     def lakehouse(self) -> Path | None:
@@ -106,7 +109,7 @@ def load_results(client, experiment: str) -> list[PolicyResult]:
             policy=policy, trace_id=tags.get(tracking.TAG_TRACE_ID, ""), run_id=tags.get(tracking.TAG_RUN_ID, ""),
             mlflow_run_id=run.info.run_id, family=tags.get("replab.family", ""), start_time=run.info.start_time or 0,
             policy_index=int(index) if index.isdigit() else 0, metrics=dict(run.data.metrics),
-            params=dict(run.data.params), tags=tags)
+            params=dict(run.data.params), tags=tags, name=run.info.run_name or policy)
         key = (result.trace_id, policy)
         if key not in latest or latest[key].start_time < result.start_time:
             latest[key] = result
@@ -249,7 +252,7 @@ def _fmt(value: float | None, fmt: str, name: str = "") -> str:
     return fmt.format(value)
 
 
-def _lakehouse_plots(cmp: Comparison) -> dict[str, Any]:
+def _lakehouse_plots(cmp: Comparison, data: dict[str, Any]) -> dict[str, Any]:
     """Latency CDF, loss timeline and the worst policy's partition timeline from the lakehouse(s)."""
     from report import plots
     from storage import report_data
@@ -280,11 +283,14 @@ def _lakehouse_plots(cmp: Comparison) -> dict[str, Any]:
     q = pd.concat(quantiles, ignore_index=True)
     q["policy"] = q["run_id"].map(label_of)
     figures: dict[str, Any] = {"latency_cdf.png": plots.latency_cdf(q, labels, title="Ack latency CDF per policy")}
+    data["latency_cdf.png"] = q
     s = pd.concat(series, ignore_index=True)
     if len(s) and len(windows) == 1:
         s = s.assign(policy=s["run_id"].map(label_of), t_s=s["window_start_us"] / 1e6,
                      unavailable_s=s["unavailable_us"] / 1e6)
-        figures["loss_timeline.png"] = plots.loss_timeline(s, labels, window_s=windows.pop() / 1e6)
+        window_s = windows.pop() / 1e6
+        figures["loss_timeline.png"] = plots.loss_timeline(s, labels, window_s=window_s)
+        data["loss_timeline.png"] = (s, window_s)
 
     worst = _worst(r for r in cmp.results if r.lakehouse is not None)
     if worst is not None:
@@ -319,7 +325,7 @@ def _trace_duration_us(r: PolicyResult) -> int | None:
     return None
 
 
-def _mlflow_timeline(client, cmp: Comparison):
+def _mlflow_timeline(client, cmp: Comparison, data: dict[str, Any]):
     """The loss/unavailability timeline from the runs' per-window MLflow series (no lakehouse needed)."""
     from report import plots
 
@@ -337,12 +343,16 @@ def _mlflow_timeline(client, cmp: Comparison):
                                     "unavailable_s": [unavailable.get(s, 0.0) for s in steps]}))
     if not frames:
         return None
-    return plots.loss_timeline(pd.concat(frames, ignore_index=True), [r.label for r in cmp.results],
-                               window_s=window_ms / 1000)
+    frame = pd.concat(frames, ignore_index=True)
+    data["loss_timeline.png"] = (frame, window_ms / 1000)
+    return plots.loss_timeline(frame, [r.label for r in cmp.results], window_s=window_ms / 1000)
 
 
-def figures_for(client, cmp: Comparison) -> dict[str, Any]:
+def figures_for(client, cmp: Comparison, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The PNG plots by file name; `data` (if given) receives each plot's frame, for the interactive charts."""
     from report import plots
+
+    data = {} if data is None else data
 
     points = pd.DataFrame({
         "policy": [r.label for r in cmp.results],
@@ -353,9 +363,10 @@ def figures_for(client, cmp: Comparison) -> dict[str, Any]:
     })
     figures: dict[str, Any] = {"pareto.png": plots.pareto(points, title=f"Durability against latency: "
                                                                         f"{cmp.experiment}")}
-    figures.update(_lakehouse_plots(cmp))
+    data["pareto.png"] = points
+    figures.update(_lakehouse_plots(cmp, data))
     if "loss_timeline.png" not in figures:
-        timeline = _mlflow_timeline(client, cmp)
+        timeline = _mlflow_timeline(client, cmp, data)
         if timeline is not None:
             figures["loss_timeline.png"] = timeline
     return figures
@@ -372,6 +383,49 @@ _CAPTIONS = {
                               "policy that lost the most acknowledged messages (then: was unavailable longest).",
 }
 
+#: Captions of the interactive charts (by the PNG they stand for in the page).
+_CHART_CAPTIONS = {
+    "pareto.png": "Acknowledged messages lost against p99 ack latency, one marker per policy (policies on the same "
+                  "point share one marker); marker area is unavailable partition-seconds. Hover a marker for the "
+                  "policies and their figures; click a family in the legend to hide or show it.",
+    "latency_cdf.png": "Ack latency of acknowledged messages (log scale). Hover a line for its policy; click a "
+                       "family in the legend to hide or show it, double-click to show it alone.",
+    "loss_timeline.png": "Per window of trace time: acknowledged messages later lost (by produce time), and "
+                         "partition-seconds during which a produce could not be acknowledged (SPEC §4.3). Drag to "
+                         "zoom, double-click to reset.",
+}
+
+
+def policy_info(cmp: Comparison) -> list[Any]:
+    from report.interactive import PolicyInfo
+
+    return [PolicyInfo(r.label, r.name, r.policy, r.family or r.policy.partition(":")[0], i)
+            for i, r in enumerate(cmp.results)]
+
+
+def interactive_charts(cmp: Comparison, data: dict[str, Any]) -> dict[str, str]:
+    """The interactive charts' HTML fragments by the PNG they stand for (see `figures_for`'s `data`)."""
+    from report import interactive
+
+    info = policy_info(cmp)
+    charts = {}
+    if "pareto.png" in data:
+        charts["pareto.png"] = interactive.fragment(
+            interactive.pareto(data["pareto.png"], info, title=f"Durability against latency: {cmp.experiment}"),
+            "chart-pareto")
+    if "latency_cdf.png" in data:
+        charts["latency_cdf.png"] = interactive.fragment(
+            interactive.latency_cdf(data["latency_cdf.png"], info, title="Ack latency CDF per policy"),
+            "chart-latency-cdf")
+    if "loss_timeline.png" in data:
+        series, window_s = data["loss_timeline.png"]
+        charts["loss_timeline.png"] = interactive.fragment(
+            interactive.loss_timeline(series, info, window_s=window_s,
+                                      title="Acknowledged-and-lost messages and unavailability per window"),
+            "chart-loss-timeline")
+    return charts
+
+
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;
 padding:0 1em}
@@ -387,8 +441,15 @@ code{background:#f6f6f6;padding:0 .2em}
 """
 
 
-def render_html(cmp: Comparison, images: dict[str, bytes], extra_html: str = "") -> str:
+def render_html(cmp: Comparison, images: dict[str, bytes], extra_html: str = "",
+                charts: dict[str, str] | None = None) -> str:
+    """The page. A plot with an interactive chart in `charts` (by PNG name) is drawn as that chart, the others as
+    embedded PNGs; plotly.js is inlined once, in the head, when there is a chart."""
+    from report.interactive import CHART_CLASS, script_tag
     from report.tables import COMPARISON_COLUMNS
+
+    charts = charts or {}
+    needs_js = bool(charts) or CHART_CLASS in extra_html
 
     esc = html.escape
     traces = sorted({r.trace_id for r in cmp.results})
@@ -404,13 +465,16 @@ def render_html(cmp: Comparison, images: dict[str, bytes], extra_html: str = "")
     worst = _worst(r for r in cmp.results if r.lakehouse is not None)
     figures = []
     for name, png in images.items():
+        if name in charts:
+            figures.append(f"<figure>{charts[name]}<figcaption>{esc(_CHART_CAPTIONS[name])}</figcaption></figure>")
+            continue
         data = base64.b64encode(png).decode("ascii")
         figures.append(f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}">'
                        f"<figcaption>{esc(_CAPTIONS.get(name, name).format(worst=worst.label if worst else '?'))}"
                        "</figcaption></figure>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>replab: {esc(cmp.experiment)}</title>
-<style>{_CSS}</style></head><body>
+<style>{_CSS}</style>{script_tag() if needs_js else ''}</head><body>
 <h1>Replication policies compared: {esc(cmp.experiment)}</h1>
 <p class="meta">trace{'s' if len(traces) > 1 else ''} {esc(', '.join(traces))} · {len(cmp.results)} policies ·
 MLflow <code>{esc(cmp.tracking_uri)}</code> · generated {esc(tracking.utc_now_text())}</p>
@@ -447,8 +511,8 @@ def build_report(experiment: str, out_dir: str | Path | None = None, tracking_ur
     out = Path(out_dir) if out_dir is not None else default_out_dir(experiment)
     out.mkdir(parents=True, exist_ok=True)
     comparison_frame(cmp).to_csv(out / "comparison.csv", index=False, quoting=csv.QUOTE_MINIMAL)
-    images = {}
-    for name, fig in figures_for(client, cmp).items():
+    images, data = {}, {}
+    for name, fig in figures_for(client, cmp, data).items():
         images[name] = plots.png_bytes(fig)
         (out / name).write_bytes(images[name])
     # SPEC §12: the testbed's cases of the same tracking store, predicted beside observed.
@@ -464,7 +528,7 @@ def build_report(experiment: str, out_dir: str | Path | None = None, tracking_ur
                  "<figcaption>Per testbed case: acknowledged messages lost and unavailable partition-seconds, "
                  "replab's prediction beside the real cluster.</figcaption></figure>")
     html_path = out / "report.html"
-    html_path.write_text(render_html(cmp, images, extra), encoding="utf-8")
+    html_path.write_text(render_html(cmp, images, extra, interactive_charts(cmp, data)), encoding="utf-8")
     cmp_tags = {"replab.policies": str(len(cmp.results)), "replab.version": _version()}
     traces = sorted({r.trace_id for r in cmp.results})
     if len(traces) == 1:

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from pipelines.cli import main
 from report.compare import build_report
+from report.interactive import chart_count
 
 pytestmark = pytest.mark.spark
 
@@ -31,9 +32,16 @@ def test_build_report_writes_html_csv_and_plots(k2_mlflow_replay, tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
 
     html = html_path.read_text()
-    # Self-contained: every plot is embedded, nothing is fetched from elsewhere.
-    assert html.count('src="data:image/png;base64,') == len(PNGS)
-    assert not re.search(r'(src|href)="(https?:)?//', html) and "<script" not in html and "<link" not in html
+    # Self-contained: the partition timeline as a PNG, three interactive charts drawn by one inline copy of
+    # plotly.js; nothing is fetched from elsewhere.
+    page = re.sub(r"<script[^>]*>.*?</script>", "", html, flags=re.S)  # the markup, without plotly.js's code
+    assert page.count('src="data:image/png;base64,') == 1
+    assert chart_count(html) == 3
+    assert html.count("<script") == 4 and "<script src" not in html and "<link" not in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert len(re.findall(r"plotly\.js v\d", html)) == 1  # plotly.js's own banner: the library inlined once
+    # Hover names the policies as typed beside their canonical forms; the legend groups by family.
+    assert "kafka:partitions=1,acks=1,controller=zookeeper" in html and '"legendgroup":"kafka"' in html
 
     csv = pd.read_csv(out / "comparison.csv")
     assert len(csv) == len(replay.expected)

@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.cli import main
+from report.interactive import chart_count
 
 SLO = "mean_acked_lost<=0.5,availability>=0.99"
 RF2 = "kafka:replication_factor=2,acks=all,min_insync_replicas=1"
@@ -73,6 +74,10 @@ def test_chosen_policy_is_the_cheapest_meeting_the_slo_in_the_sweep_table(recomm
     assert rec["chosen_label"] == cheapest == RF2
     assert {p["label"] for p in rec["policies"] if p["meets"]} == {k for k, v in meets.items() if v}
     assert f"recommended: {RF2}" in printed
+    # The same as an HTML section: one interactive chart, plotly.js inline once, the choice named.
+    page = (root / "out" / "recommendation.html").read_text()
+    assert chart_count(page) == 1 and page.count("<script") == 2 and "<script src" not in page
+    assert f"Recommended: <code>{RF2}" in page and '"legendgroup":"kafka"' in page
 
 
 @pytest.mark.spark
@@ -119,6 +124,7 @@ def test_mlflow_parent_and_child_runs(recommended):
     assert sorted(c.info.run_name for c in children) == sorted(POLICIES)  # named as typed
     assert all({"p_loss", "availability", "ack_p99_ms"} <= set(c.data.metrics) for c in children)
     assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {"recommendation.json", "recommendation.html"} <= {f.path for f in client.list_artifacts(parent.info.run_id)}
 
 
 @pytest.mark.parametrize(("slo", "text"), [
