@@ -48,6 +48,18 @@ logger.controller.name = kafka.controller
 logger.controller.level = INFO
 logger.state.name = state.change.logger
 logger.state.level = INFO
+# The evidence for the recorded shutdown/restart instants (README, Testbed): the broker's registration,
+# fencing and controlled-shutdown states, the controller's answers, and every log truncation.
+logger.lifecycle.name = kafka.server.BrokerLifecycleManager
+logger.lifecycle.level = INFO
+logger.cluster.name = org.apache.kafka.controller.ClusterControlManager
+logger.cluster.level = INFO
+logger.replication.name = org.apache.kafka.controller.ReplicationControlManager
+logger.replication.level = INFO
+logger.heartbeat.name = org.apache.kafka.controller.BrokerHeartbeatManager
+logger.heartbeat.level = INFO
+logger.unifiedlog.name = org.apache.kafka.storage.internals.log.UnifiedLog
+logger.unifiedlog.level = INFO
 """
 
 
@@ -231,6 +243,10 @@ class KafkaCluster:
         self._stopping = getattr(self, "_stopping", {})
         self._stopping[broker] = proc
         return proc
+
+    def stopping(self, broker: int) -> subprocess.Popen | None:
+        """The process of a broker in controlled shutdown (SIGTERM sent, not yet reaped), if any."""
+        return getattr(self, "_stopping", {}).get(broker)
 
     def restart(self, broker: int) -> None:
         stopping = getattr(self, "_stopping", {}).pop(broker, None)

@@ -60,7 +60,11 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
                             progress=progress)
     else:
         cases = compare_local(rec, manifest, trace, policies, labels)
-    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
+    # for the instants the trace records (testbed.record.Transition).
+    faults = rec.fault_instants()
+    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
+                                                    indent=1) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)
     for i, c in enumerate(cases):
