@@ -37,6 +37,8 @@ JVM_FLAGS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1
 
 LOG4J2 = """\
 status = error
+# Kafka's own shutdown hook runs the controlled shutdown: log4j must not stop logging before it (its hook would).
+shutdownHook = disable
 appender.file.type = File
 appender.file.name = file
 appender.file.fileName = ${sys:replab.testbed.log}
