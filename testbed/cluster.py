@@ -65,6 +65,15 @@ logger.unifiedlog.level = INFO
 """
 
 
+def _cluster_id() -> str:
+    """A random cluster id in Kafka's form (URL-safe base64 of 16 bytes). Never one starting with '-': the format
+    tool would take it for an option (one id in 64 did, and the run failed)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def broker_name(broker: int) -> str:
     return f"broker-{broker}"
 
@@ -93,7 +102,7 @@ class KafkaCluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
     started_pgids: list[int] = field(default_factory=list)
-    cluster_id: str = field(default_factory=lambda: base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    cluster_id: str = field(default_factory=lambda: _cluster_id())
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def __enter__(self) -> KafkaCluster:

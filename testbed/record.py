@@ -9,11 +9,11 @@ need different broker-level settings (replica.lag.time.max.ms, the session timeo
 What is recorded:
 - produce events as sent (the wall-clock instant of the first producer's send, µs from the run's start);
 - faults at the instant the broker really changed state, seen from outside (`Transition`): crash, isolate and
-  heal when the signal was sent or the routes changed; `shutdown` when the cluster metadata first shows the
-  broker leading nothing (the controller has moved its leaderships away: SPEC §2.2's instant), or when its
-  process exits if that comes first; `restart` when the new JVM reports BrokerState RUNNING (registered with
-  the controller and unfenced). The raw instants (signal, leads nothing, exit, RUNNING, listed in the metadata)
-  go to comparison.json;
+  heal when the signal was sent or the routes changed; `shutdown` when the broker first leads nothing (the
+  controller has moved its leaderships away and it refuses writes: SPEC §2.2's instant), in its own view
+  (Jolokia), in the cluster metadata, or when its process exits, whichever comes first; `restart` when the
+  new JVM reports BrokerState RUNNING (registered with the controller and unfenced). The raw instants (signal,
+  leads nothing, exit, RUNNING, listed in the metadata) go to comparison.json;
 - `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
   rule 5: a follower holding offsets < LEO holds every message its leader appended before the record at
   offset LEO, so upto_us = that record's LogAppendTime − 1 µs, or the sample instant when it is caught up;
@@ -147,7 +147,10 @@ class Transition:
     kind: Kind
     broker: int
     signal_us: int  # SIGTERM sent, or the new JVM started
-    leads_nothing_us: int | None = None  # shutdown: the metadata first shows it leading no testbed partition
+    #: shutdown: the broker's own view (its Partition metrics, Jolokia) first shows it leading nothing: from then
+    #: on it refuses writes (NOT_LEADER_OR_FOLLOWER), though its successors may apply the change later
+    resigned_us: int | None = None
+    leads_nothing_us: int | None = None  # shutdown: the metadata (admin API) first shows it leading nothing
     shutting_down_us: int | None = None  # shutdown: its BrokerState is SHUTTING_DOWN (the controller let it go)
     exit_us: int | None = None  # shutdown: its process exited
     running_us: int | None = None  # restart: its BrokerState is RUNNING (registered and unfenced)
@@ -158,14 +161,15 @@ class Transition:
         """The instant recorded in the trace: SPEC §2.2's `shutdown` moves leadership at ts_us, `restart` has the
         broker back (able to lead and to rejoin the ISR) at ts_us."""
         if self.kind is Kind.SHUTDOWN:
-            seen = [t for t in (self.leads_nothing_us, self.exit_us) if t is not None]
+            seen = [t for t in (self.resigned_us, self.leads_nothing_us, self.exit_us) if t is not None]
         else:
             seen = [t for t in (self.running_us, self.listed_us) if t is not None]
         return min(seen) if seen else self.signal_us
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind.label, "broker": self.broker, "signal_us": self.signal_us,
-                "leads_nothing_us": self.leads_nothing_us, "shutting_down_us": self.shutting_down_us,
+                "resigned_us": self.resigned_us, "leads_nothing_us": self.leads_nothing_us,
+                "shutting_down_us": self.shutting_down_us,
                 "exit_us": self.exit_us, "running_us": self.running_us, "listed_us": self.listed_us,
                 "recorded_us": self.state_us}
 
@@ -325,6 +329,22 @@ class TransitionWatcher(threading.Thread):
             return None  # the JVM is starting or gone
         return next((int(v["Value"]) for v in values if isinstance(v, dict) and "Value" in v), None)
 
+    def leads(self) -> set[tuple[str, int]] | None:
+        """The testbed partitions the broker leads in its own view (None when its agent does not answer)."""
+        req = urllib.request.Request(self.cluster.jolokia_url(self.tr.broker), data=Sampler.REQUEST,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=0.5) as resp:
+                body = json.loads(resp.read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        out = set()
+        for mbean, attrs in (body[1].get("value") or {}).items():
+            props = dict(kv.split("=", 1) for kv in mbean.split(":", 1)[1].split(","))
+            if int(attrs["Value"]) > 0:
+                out.add((props["topic"], int(props["partition"])))
+        return out
+
     def done(self) -> bool:
         tr = self.tr
         if tr.kind is Kind.SHUTDOWN:
@@ -356,6 +376,8 @@ class TransitionWatcher(threading.Thread):
             if proc is None or proc.poll() is not None:
                 tr.exit_us = self._now()
                 return
+            if tr.resigned_us is None and self.leads() == set():
+                tr.resigned_us = self._now()
             if tr.shutting_down_us is None and self.broker_state() == BROKER_SHUTTING_DOWN:
                 tr.shutting_down_us = self._now()
             if tr.leads_nothing_us is None:
