@@ -493,14 +493,16 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
         for sampler in samplers:
             sampler.join(timeout=5)
     rec.wall_s["trace"] = time.monotonic() - start
-    for w in watchers:  # a restart late in the trace takes effect after it: wait for the instant
-        w.join(timeout=WATCH_S)
     if callback_errors:
         raise RuntimeError(f"{len(callback_errors)} delivery reports could not be read, first: {callback_errors[0]}")
     # SPEC §4.1 judges at duration_us: nothing more is sent; what was queued but never sent is absent.
     for pr in producers:
         pr.purge(in_queue=True, in_flight=False)
         pr.flush(10)
+    # A restart late in the trace takes effect after it: wait for its instant (after the flush, so that the
+    # producers are not left unpolled meanwhile).
+    for w in watchers:
+        w.join(timeout=WATCH_S)
 
     progress("healing and restarting every broker, then reading every partition back")
     for b, s in list(state.items()):
