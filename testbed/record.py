@@ -9,9 +9,10 @@ need different broker-level settings (replica.lag.time.max.ms, the session timeo
 What is recorded:
 - produce events as sent (the wall-clock instant of the first producer's send, µs from the run's start);
 - faults at the instant the broker really changed state, seen from outside (`Transition`): crash, isolate and
-  heal when the signal was sent or the routes changed; `shutdown` when the broker first leads nothing (the
-  controller has moved its leaderships away and it refuses writes: SPEC §2.2's instant), in its own view
-  (Jolokia), in the cluster metadata, or when its process exits, whichever comes first; `restart` when the
+  heal when the signal was sent or the routes changed; `shutdown` when the cluster metadata first shows the
+  broker leading nothing (the controller has moved its leaderships away: SPEC §2.2's instant), or when its
+  process exits if that comes first (its Jolokia agent stops with the JVM's shutdown hooks at SIGTERM, so the
+  broker's own view is not readable then); `restart` when the
   new JVM reports BrokerState RUNNING (registered with the controller and unfenced). The raw instants (signal,
   leads nothing, exit, RUNNING, listed in the metadata) go to comparison.json;
 - `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
@@ -132,9 +133,8 @@ class Sample:
     leads: set[tuple[str, int]]
 
 
-#: org.apache.kafka.metadata.BrokerState: RUNNING once the controller has unfenced the broker;
-#: SHUTTING_DOWN once the controller let it go in a controlled shutdown (it leads nothing any more).
-BROKER_RUNNING, BROKER_PENDING_SHUTDOWN, BROKER_SHUTTING_DOWN = 3, 6, 7
+#: org.apache.kafka.metadata.BrokerState: RUNNING once the controller has unfenced the broker.
+BROKER_RUNNING = 3
 #: How long a watcher waits for a shutdown or restart to take effect before the signal instant stands.
 WATCH_S = 90.0
 
@@ -147,11 +147,7 @@ class Transition:
     kind: Kind
     broker: int
     signal_us: int  # SIGTERM sent, or the new JVM started
-    #: shutdown: the broker's own view (its Partition metrics, Jolokia) first shows it leading nothing: from then
-    #: on it refuses writes (NOT_LEADER_OR_FOLLOWER), though its successors may apply the change later
-    resigned_us: int | None = None
     leads_nothing_us: int | None = None  # shutdown: the metadata (admin API) first shows it leading nothing
-    shutting_down_us: int | None = None  # shutdown: its BrokerState is SHUTTING_DOWN (the controller let it go)
     exit_us: int | None = None  # shutdown: its process exited
     running_us: int | None = None  # restart: its BrokerState is RUNNING (registered and unfenced)
     listed_us: int | None = None  # restart: the metadata lists it among the live brokers (after RUNNING)
@@ -161,16 +157,15 @@ class Transition:
         """The instant recorded in the trace: SPEC §2.2's `shutdown` moves leadership at ts_us, `restart` has the
         broker back (able to lead and to rejoin the ISR) at ts_us."""
         if self.kind is Kind.SHUTDOWN:
-            seen = [t for t in (self.resigned_us, self.leads_nothing_us, self.exit_us) if t is not None]
+            seen = [t for t in (self.leads_nothing_us, self.exit_us) if t is not None]
         else:
             seen = [t for t in (self.running_us, self.listed_us) if t is not None]
         return min(seen) if seen else self.signal_us
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind.label, "broker": self.broker, "signal_us": self.signal_us,
-                "resigned_us": self.resigned_us, "leads_nothing_us": self.leads_nothing_us,
-                "shutting_down_us": self.shutting_down_us,
-                "exit_us": self.exit_us, "running_us": self.running_us, "listed_us": self.listed_us,
+                "leads_nothing_us": self.leads_nothing_us, "exit_us": self.exit_us,
+                "running_us": self.running_us, "listed_us": self.listed_us,
                 "recorded_us": self.state_us}
 
 
@@ -329,22 +324,6 @@ class TransitionWatcher(threading.Thread):
             return None  # the JVM is starting or gone
         return next((int(v["Value"]) for v in values if isinstance(v, dict) and "Value" in v), None)
 
-    def leads(self) -> set[tuple[str, int]] | None:
-        """The testbed partitions the broker leads in its own view (None when its agent does not answer)."""
-        req = urllib.request.Request(self.cluster.jolokia_url(self.tr.broker), data=Sampler.REQUEST,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=0.5) as resp:
-                body = json.loads(resp.read())
-        except (OSError, ValueError, http.client.HTTPException):
-            return None
-        out = set()
-        for mbean, attrs in (body[1].get("value") or {}).items():
-            props = dict(kv.split("=", 1) for kv in mbean.split(":", 1)[1].split(","))
-            if int(attrs["Value"]) > 0:
-                out.add((props["topic"], int(props["partition"])))
-        return out
-
     def done(self) -> bool:
         tr = self.tr
         if tr.kind is Kind.SHUTDOWN:
@@ -376,10 +355,6 @@ class TransitionWatcher(threading.Thread):
             if proc is None or proc.poll() is not None:
                 tr.exit_us = self._now()
                 return
-            if tr.resigned_us is None and self.leads() == set():
-                tr.resigned_us = self._now()
-            if tr.shutting_down_us is None and self.broker_state() == BROKER_SHUTTING_DOWN:
-                tr.shutting_down_us = self._now()
             if tr.leads_nothing_us is None:
                 md = admin.list_topics(timeout=1)
                 parts = [pm for t in self.topics if t in md.topics for pm in md.topics[t].partitions.values()]
@@ -738,10 +713,11 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
 def write_trace(rec: Recording, out: Path) -> Manifest:
     """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet."""
     sch = rec.schedule
-    faults = rec.state_faults()
-    last_fault = max((t for t, _, _ in faults), default=0)
-    last_send = max(rec.sent_us.values(), default=0)
-    duration = max(sch.duration_us, last_fault, last_send)
+    # The run is judged where the producers stopped (SPEC §4.1: at duration_us; the testbed purges what is
+    # still queued then). A state change seen after that (a restart whose JVM was RUNNING only after the trace
+    # ended) is outside the observed window: it stays in comparison.json, not in the trace.
+    duration = max(sch.duration_us, max(rec.sent_us.values(), default=0))
+    faults = [f for f in rec.state_faults() if f[0] <= duration]
     rows: list[tuple] = []
     for mid, t in rec.sent_us.items():
         rows.append((t, Kind.PRODUCE, None, mid))

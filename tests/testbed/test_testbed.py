@@ -47,7 +47,7 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
     manifest, table = read_events_arrow(leader_crash.trace)
     assert manifest.broker_ids == (0, 1, 2)
     kinds = table["kind"].to_pylist()
-    assert kinds.count("crash") == 1 and kinds.count("restart") == 1
+    assert kinds.count("crash") == 1
     assert kinds.count("produce") == len(leader_crash.recording.sent_us) > 10_000
     # Followers reported their progress throughout (SPEC §12: sampled at least every 200 ms; the machine is
     # shared, so the test allows a late sample but not a silent follower).
@@ -67,12 +67,15 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
             assert d[side]["produced"] == kinds.count("produce")
         assert 0.0 <= d["agreement"]["status"] <= 1.0 and 0.0 <= d["agreement"]["fate"] <= 1.0
     # The trace's restart is the instant the new JVM was registered and unfenced (BrokerState RUNNING), seconds
-    # after it was started; the crash is the SIGKILL instant. comparison.json keeps both.
+    # after it was started; the crash is the SIGKILL instant. comparison.json keeps both. A restart that took
+    # effect only after the trace ended (a loaded machine) is outside the judged window and not in the trace.
     crash, restart = data[0]["faults"]
     assert crash["kind"] == "crash" and crash["recorded_us"] == crash["signal_us"]
     assert restart["kind"] == "restart" and restart["running_us"] is not None
     assert restart["recorded_us"] == restart["running_us"] > restart["signal_us"] + 500_000
-    assert rows[rows["kind"] == "restart"]["ts_us"].tolist() == [restart["recorded_us"]]
+    in_trace = [restart["recorded_us"]] if restart["recorded_us"] <= manifest.duration_us else []
+    assert rows[rows["kind"] == "restart"]["ts_us"].tolist() == in_trace
+    assert manifest.duration_us == max(60_000_000, max(leader_crash.recording.sent_us.values()))
 
 
 def test_every_process_and_namespace_is_gone(leader_crash):
