@@ -445,6 +445,16 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                             rec.samples.append(sample)
                 _inject(cluster, kind, broker, state)
                 rec.faults.append((_now_us() - rec.t0_us, kind, broker))
+                if kind in (Kind.CRASH, Kind.ISOLATE):
+                    # Once the leader is dead or cut off its followers fetch nothing more from it, so their log
+                    # ends read right after the fault are what they held at it (a fetch answered between the
+                    # sample above and the fault included): recorded at the fault's instant − 1 µs. Without
+                    # this, a fetch in that gap made the prediction lose what the successor had.
+                    for b in cluster.brokers:
+                        sample = samplers[0].read(b) if b != broker and state.get(b) == "up" else None
+                        if sample is not None:
+                            sample.ts_us = rec.faults[-1][0] - 1
+                            rec.samples.append(sample)
                 if kind in (Kind.SHUTDOWN, Kind.RESTART):
                     tr = Transition(len(rec.faults) - 1, kind, broker, rec.faults[-1][0])
                     rec.transitions.append(tr)

@@ -113,9 +113,9 @@ def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
     # Kafka's guarantee, observed on the real cluster: acks=all with min ISR 2 loses no acknowledged write to
     # one crash.
     assert acks_all.observed["acked_lost"] == 0 and acks_all.predicted["acked_lost"] == 0
-    # acks=1 loses the tail its successor had not fetched: followers fetch every second (the scenario), so the
-    # crash almost never lands in an empty window (the scenario's comment gives the odds).
-    assert acks1.observed["acked_lost"] > 0
+    # acks=1 loses the tail its successor had not fetched: usually some (followers fetch every second), none
+    # when a fetch came just before the crash. Either way the prediction must agree: the followers' log ends are
+    # read right after the crash too, so a fetch in the last instants is in the trace (testbed.record).
     for case in leader_crash.cases:
         assert case.loss_agrees, (case.policy, case.predicted["acked_lost"], case.observed["acked_lost"])
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
