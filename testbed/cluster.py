@@ -37,6 +37,8 @@ JVM_FLAGS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1
 
 LOG4J2 = """\
 status = error
+# Kafka's own shutdown hook runs the controlled shutdown: log4j must not stop logging before it (its hook would).
+shutdownHook = disable
 appender.file.type = File
 appender.file.name = file
 appender.file.fileName = ${sys:replab.testbed.log}
@@ -48,7 +50,28 @@ logger.controller.name = kafka.controller
 logger.controller.level = INFO
 logger.state.name = state.change.logger
 logger.state.level = INFO
+# The evidence for the recorded shutdown/restart instants (README, Testbed): the broker's registration,
+# fencing and controlled-shutdown states, the controller's answers, and every log truncation.
+logger.lifecycle.name = kafka.server.BrokerLifecycleManager
+logger.lifecycle.level = INFO
+logger.cluster.name = org.apache.kafka.controller.ClusterControlManager
+logger.cluster.level = INFO
+logger.replication.name = org.apache.kafka.controller.ReplicationControlManager
+logger.replication.level = INFO
+logger.heartbeat.name = org.apache.kafka.controller.BrokerHeartbeatManager
+logger.heartbeat.level = INFO
+logger.unifiedlog.name = org.apache.kafka.storage.internals.log.UnifiedLog
+logger.unifiedlog.level = INFO
 """
+
+
+def _cluster_id() -> str:
+    """A random cluster id in Kafka's form (URL-safe base64 of 16 bytes). Never one starting with '-': the format
+    tool would take it for an option (one id in 64 did, and the run failed)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def broker_name(broker: int) -> str:
@@ -79,7 +102,7 @@ class KafkaCluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
     started_pgids: list[int] = field(default_factory=list)
-    cluster_id: str = field(default_factory=lambda: base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    cluster_id: str = field(default_factory=lambda: _cluster_id())
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def __enter__(self) -> KafkaCluster:
@@ -231,6 +254,10 @@ class KafkaCluster:
         self._stopping = getattr(self, "_stopping", {})
         self._stopping[broker] = proc
         return proc
+
+    def stopping(self, broker: int) -> subprocess.Popen | None:
+        """The process of a broker in controlled shutdown (SIGTERM sent, not yet reaped), if any."""
+        return getattr(self, "_stopping", {}).get(broker)
 
     def restart(self, broker: int) -> None:
         stopping = getattr(self, "_stopping", {}).pop(broker, None)

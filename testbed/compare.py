@@ -107,7 +107,7 @@ def failover_ms(rec: Recording, i: int, outcomes: pd.DataFrame) -> float | None:
     """Mean time from a leader's failure to the first acknowledgement by its successor (SPEC §12), in ms."""
     waits = []
     acked = outcomes[outcomes["status"] == "acked"]
-    for t, kind, b in rec.faults:
+    for t, kind, b in rec.state_faults():
         if kind not in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE):
             continue
         before = [s for s in rec.samples if s.broker == b and s.ts_us <= t]

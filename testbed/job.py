@@ -60,10 +60,15 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
                             progress=progress)
     else:
         cases = compare_local(rec, manifest, trace, policies, labels)
-    (out / "comparison.json").write_text(json.dumps([c.as_json() for c in cases], indent=1) + "\n")
+    # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
+    # for the instants the trace records (testbed.record.Transition).
+    faults = rec.fault_instants()
+    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
+                                                    indent=1) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)
     for i, c in enumerate(cases):
+        _deliveries(rec, i).to_parquet(out / "outcomes" / f"policy{i}-deliveries.parquet")
         c._observed_rows.to_parquet(out / "outcomes" / f"policy{i}-observed.parquet")  # type: ignore[attr-defined]
         c._predicted_rows.to_parquet(out / "outcomes" / f"policy{i}-predicted.parquet")  # type: ignore[attr-defined]
     if publish or spark_replay:
@@ -81,6 +86,17 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
     return TestbedResult(out, trace, cases, rec, wall)
+
+
+def _deliveries(rec, i: int):
+    """Every delivery report as the producer saw it, with the broker's append time (LogAppendTime, µs from the
+    run's start): which leader took a message, before or after a fault, is read from here in a post-mortem."""
+    import pandas as pd
+
+    rows = [(mid, rec.partition[i][mid], d.report_us, d.error, d.offset,
+             None if d.append_ms is None else d.append_ms * 1000 - rec.t0_us)
+            for mid, d in rec.deliveries[i].items()]
+    return pd.DataFrame(rows, columns=["msg_id", "partition", "report_us", "error", "offset", "append_us"])
 
 
 def _case(rec, i: int, run_id: str, canonical: str, label: str, pred_rows, pred_summary, obs_rows, obs_summary):

@@ -8,7 +8,13 @@ need different broker-level settings (replica.lag.time.max.ms, the session timeo
 
 What is recorded:
 - produce events as sent (the wall-clock instant of the first producer's send, µs from the run's start);
-- faults as injected (the instant the signal was sent or the routes changed);
+- faults at the instant the broker really changed state, seen from outside (`Transition`): crash, isolate and
+  heal when the signal was sent or the routes changed; `shutdown` when the cluster metadata first shows the
+  broker leading nothing (the controller has moved its leaderships away: SPEC §2.2's instant), or when its
+  process exits if that comes first (its Jolokia agent stops with the JVM's shutdown hooks at SIGTERM, so the
+  broker's own view is not readable then); `restart` when the
+  new JVM reports BrokerState RUNNING (registered with the controller and unfenced). The raw instants (signal,
+  leads nothing, exit, RUNNING, listed in the metadata) go to comparison.json;
 - `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
   rule 5: a follower holding offsets < LEO holds every message its leader appended before the record at
   offset LEO, so upto_us = that record's LogAppendTime − 1 µs, or the sample instant when it is caught up;
@@ -127,6 +133,42 @@ class Sample:
     leads: set[tuple[str, int]]
 
 
+#: org.apache.kafka.metadata.BrokerState: RUNNING once the controller has unfenced the broker.
+BROKER_RUNNING = 3
+#: How long a watcher waits for a shutdown or restart to take effect before the signal instant stands.
+WATCH_S = 90.0
+
+
+@dataclass
+class Transition:
+    """The observable instants of one shutdown or restart, µs from the run's start (kept in comparison.json)."""
+
+    index: int  # in Recording.faults
+    kind: Kind
+    broker: int
+    signal_us: int  # SIGTERM sent, or the new JVM started
+    leads_nothing_us: int | None = None  # shutdown: the metadata (admin API) first shows it leading nothing
+    exit_us: int | None = None  # shutdown: its process exited
+    running_us: int | None = None  # restart: its BrokerState is RUNNING (registered and unfenced)
+    listed_us: int | None = None  # restart: the metadata lists it among the live brokers (after RUNNING)
+
+    @property
+    def state_us(self) -> int:
+        """The instant recorded in the trace: SPEC §2.2's `shutdown` moves leadership at ts_us, `restart` has the
+        broker back (able to lead and to rejoin the ISR) at ts_us."""
+        if self.kind is Kind.SHUTDOWN:
+            seen = [t for t in (self.leads_nothing_us, self.exit_us) if t is not None]
+        else:
+            seen = [t for t in (self.running_us, self.listed_us) if t is not None]
+        return min(seen) if seen else self.signal_us
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.label, "broker": self.broker, "signal_us": self.signal_us,
+                "leads_nothing_us": self.leads_nothing_us, "exit_us": self.exit_us,
+                "running_us": self.running_us, "listed_us": self.listed_us,
+                "recorded_us": self.state_us}
+
+
 @dataclass
 class Recording:
     schedule: Schedule
@@ -135,13 +177,48 @@ class Recording:
     sent_us: dict[int, int] = field(default_factory=dict)  # msg_id -> send instant
     partition: list[dict[int, int]] = field(default_factory=list)  # per policy: msg_id -> partition
     deliveries: list[dict[int, Delivery]] = field(default_factory=list)  # per policy
-    faults: list[tuple[int, Kind, int]] = field(default_factory=list)  # as injected
+    faults: list[tuple[int, Kind, int]] = field(default_factory=list)  # as injected (signal instants)
+    transitions: list[Transition] = field(default_factory=list)  # shutdowns and restarts as observed
     samples: list[Sample] = field(default_factory=list)
     reads: list[dict[int, tuple[int, int, int]]] = field(default_factory=list)  # msg_id -> (partition, offset, ms)
     replicas: list[dict[int, tuple[int, ...]]] = field(default_factory=list)  # per policy: partition -> brokers
     wall_s: dict[str, float] = field(default_factory=dict)
     pgids: list[int] = field(default_factory=list)  # every process group the cluster started
     tag: str = ""
+
+    def state_faults(self) -> list[tuple[int, Kind, int]]:
+        """The faults at the instants the brokers changed state (`Transition`), in trace order. A broker's
+        instant never passes its next fault's signal, so every broker's sequence stays valid (SPEC §2.3)."""
+        moved = self._moved()
+        out = [(moved[j], kind, b) for j, (_, kind, b) in enumerate(self.faults)]
+        return sorted(out, key=lambda f: (f[0], _FAULT_ORDER[f[1]]))
+
+    def _moved(self) -> list[int]:
+        state = {tr.index: tr.state_us for tr in self.transitions}
+        out = []
+        for j, (t, _, b) in enumerate(self.faults):
+            t = state.get(j, t)
+            nxt = [ft for ft, _, fb in self.faults[j + 1:] if fb == b]
+            out.append(min(t, nxt[0]) if nxt else t)
+        return out
+
+    def fault_instants(self) -> list[dict[str, Any]]:
+        """Every fault as injected and as recorded in the trace, with the raw instants behind it (µs from the
+        run's start): the evidence for the trace's shutdown and restart instants, kept in comparison.json."""
+        by_index = {tr.index: tr for tr in self.transitions}
+        moved = self._moved()
+        out = []
+        for j, (t, kind, b) in enumerate(self.faults):
+            tr = by_index.get(j)
+            row = tr.as_json() if tr is not None else {"kind": kind.label, "broker": b, "signal_us": t}
+            row["recorded_us"] = moved[j]
+            out.append(row)
+        return out
+
+
+#: SPEC §2.2: crash, power_loss, disk_loss, shutdown, isolate; then restart, heal.
+_FAULT_ORDER = {Kind.CRASH: 0, Kind.POWER_LOSS: 1, Kind.DISK_LOSS: 2, Kind.SHUTDOWN: 3, Kind.ISOLATE: 4,
+                Kind.RESTART: 5, Kind.HEAL: 6}
 
 
 def topic_of(index: int) -> str:
@@ -223,6 +300,74 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+class TransitionWatcher(threading.Thread):
+    """Watches one shutdown or restart from outside until it has taken effect (`Transition`): the cluster
+    metadata (admin API) for leadership and live brokers, the broker's BrokerState metric (Jolokia) and, for a
+    shutdown, its process. Polls every SAMPLE_MS on its own thread, so that the producers keep their times."""
+
+    STATE = json.dumps({"type": "read", "mbean": "kafka.server:name=BrokerState,*", "attribute": "Value"}).encode()
+
+    def __init__(self, cluster: KafkaCluster, rec: Recording, tr: Transition, topics: set[str]) -> None:
+        super().__init__(daemon=True, name=f"testbed-watch-{tr.kind.label}-{tr.broker}")
+        self.cluster, self.rec, self.tr, self.topics = cluster, rec, tr, topics
+
+    def _now(self) -> int:
+        return _now_us() - self.rec.t0_us
+
+    def broker_state(self) -> int | None:
+        req = urllib.request.Request(self.cluster.jolokia_url(self.tr.broker), data=self.STATE,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=0.5) as resp:
+                values = (json.loads(resp.read()).get("value") or {}).values()
+        except (OSError, ValueError, http.client.HTTPException, AttributeError):
+            return None  # the JVM is starting or gone
+        return next((int(v["Value"]) for v in values if isinstance(v, dict) and "Value" in v), None)
+
+    def done(self) -> bool:
+        tr = self.tr
+        if tr.kind is Kind.SHUTDOWN:
+            return tr.exit_us is not None
+        return tr.running_us is not None and tr.listed_us is not None
+
+    def run(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        tr, b = self.tr, self.tr.broker
+        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap, "log_level": 0,
+                             "socket.timeout.ms": 2000})
+        proc = self.cluster.stopping(b) if tr.kind is Kind.SHUTDOWN else None
+        deadline = time.monotonic() + WATCH_S
+        while not self.done() and time.monotonic() < deadline:
+            start = time.monotonic()
+            try:
+                self.poll(admin, proc)
+            except Exception as exc:  # metadata while brokers change state: ask again
+                log.debug("watching %s of broker %d: %s", tr.kind.label, b, exc)
+            time.sleep(max(0.0, SAMPLE_MS / 1000 - (time.monotonic() - start)))
+        if tr.state_us == tr.signal_us:
+            log.warning("%s of broker %d: no state change seen in %.0f s; the trace keeps the signal instant",
+                        tr.kind.label, b, WATCH_S)
+
+    def poll(self, admin, proc) -> None:
+        tr, b = self.tr, self.tr.broker
+        if tr.kind is Kind.SHUTDOWN:
+            if proc is None or proc.poll() is not None:
+                tr.exit_us = self._now()
+                return
+            if tr.leads_nothing_us is None:
+                md = admin.list_topics(timeout=1)
+                parts = [pm for t in self.topics if t in md.topics for pm in md.topics[t].partitions.values()]
+                if parts and all(pm.leader != b for pm in parts):
+                    tr.leads_nothing_us = self._now()
+        else:
+            if tr.running_us is None:
+                if self.broker_state() == BROKER_RUNNING:
+                    tr.running_us = self._now()
+            elif tr.listed_us is None and b in admin.list_topics(timeout=1).brokers:
+                tr.listed_us = self._now()
+
+
 # ------------------------------------------------------------------------------------------------ the run
 def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy], *, progress=print) -> Recording:
     """Create the topics, drive the producers and the faults, heal, read everything back."""
@@ -277,6 +422,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             callback_errors.append(f"message {msg_id}: {type(exc).__name__}: {exc}")
 
     state = {b: "up" for b in cluster.brokers}
+    watchers: list[TransitionWatcher] = []
     stop = threading.Event()
     samplers = [Sampler(cluster, rec, state, b, stop) for b in cluster.brokers]
     rec.t0_us = _now_us()
@@ -299,6 +445,21 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                             rec.samples.append(sample)
                 _inject(cluster, kind, broker, state)
                 rec.faults.append((_now_us() - rec.t0_us, kind, broker))
+                if kind in (Kind.CRASH, Kind.ISOLATE):
+                    # Once the leader is dead or cut off its followers fetch nothing more from it, so their log
+                    # ends read right after the fault are what they held at it (a fetch answered between the
+                    # sample above and the fault included): recorded at the fault's instant − 1 µs. Without
+                    # this, a fetch in that gap made the prediction lose what the successor had.
+                    for b in cluster.brokers:
+                        sample = samplers[0].read(b) if b != broker and state.get(b) == "up" else None
+                        if sample is not None:
+                            sample.ts_us = rec.faults[-1][0] - 1
+                            rec.samples.append(sample)
+                if kind in (Kind.SHUTDOWN, Kind.RESTART):
+                    tr = Transition(len(rec.faults) - 1, kind, broker, rec.faults[-1][0])
+                    rec.transitions.append(tr)
+                    watchers.append(TransitionWatcher(cluster, rec, tr, set(map(topic_of, range(len(policies))))))
+                    watchers[-1].start()
                 progress(f"{kind.label} broker {broker} at {f_ts / 1e6:.1f} s")
                 fi += 1
             if j == n:
@@ -323,6 +484,10 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     for pr in producers:
         pr.purge(in_queue=True, in_flight=False)
         pr.flush(10)
+    # A restart late in the trace takes effect after it: wait for its instant (after the flush, so that the
+    # producers are not left unpolled meanwhile).
+    for w in watchers:
+        w.join(timeout=WATCH_S)
 
     progress("healing and restarting every broker, then reading every partition back")
     for b, s in list(state.items()):
@@ -526,7 +691,7 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
         for _, (p, off, ms) in reads.items():
             known[(topic_of(i), p, off)].append(ms * 1000 - rec.t0_us)
     replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
-    away = _away_at(rec.faults)
+    away = _away_at(rec.state_faults())
 
     out = []
     leads: dict[int, set[tuple[str, int]]] = {}  # each broker's latest view of what it leads
@@ -558,17 +723,15 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
 def write_trace(rec: Recording, out: Path) -> Manifest:
     """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet."""
     sch = rec.schedule
-    last_fault = max((t for t, _, _ in rec.faults), default=0)
-    last_send = max(rec.sent_us.values(), default=0)
-    duration = max(sch.duration_us, last_fault, last_send)
-    restarts: dict[int, int] = {}
-    for t, kind, b in rec.faults:
-        if kind is Kind.RESTART:
-            restarts[b] = t
+    # The run is judged where the producers stopped (SPEC §4.1: at duration_us; the testbed purges what is
+    # still queued then). A state change seen after that (a restart whose JVM was RUNNING only after the trace
+    # ended) is outside the observed window: it stays in comparison.json, not in the trace.
+    duration = max(sch.duration_us, max(rec.sent_us.values(), default=0))
+    faults = [f for f in rec.state_faults() if f[0] <= duration]
     rows: list[tuple] = []
     for mid, t in rec.sent_us.items():
         rows.append((t, Kind.PRODUCE, None, mid))
-    for t, kind, b in rec.faults:
+    for t, kind, b in faults:
         rows.append((t, kind, b, None))
     reps = []
     for t, b, upto in replicate_events(rec):

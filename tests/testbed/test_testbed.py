@@ -47,7 +47,7 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
     manifest, table = read_events_arrow(leader_crash.trace)
     assert manifest.broker_ids == (0, 1, 2)
     kinds = table["kind"].to_pylist()
-    assert kinds.count("crash") == 1 and kinds.count("restart") == 1
+    assert kinds.count("crash") == 1
     assert kinds.count("produce") == len(leader_crash.recording.sent_us) > 10_000
     # Followers reported their progress throughout (SPEC §12: sampled at least every 200 ms; the machine is
     # shared, so the test allows a late sample but not a silent follower).
@@ -66,6 +66,16 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
         for side in ("predicted", "observed"):
             assert d[side]["produced"] == kinds.count("produce")
         assert 0.0 <= d["agreement"]["status"] <= 1.0 and 0.0 <= d["agreement"]["fate"] <= 1.0
+    # The trace's restart is the instant the new JVM was registered and unfenced (BrokerState RUNNING), seconds
+    # after it was started; the crash is the SIGKILL instant. comparison.json keeps both. A restart that took
+    # effect only after the trace ended (a loaded machine) is outside the judged window and not in the trace.
+    crash, restart = data[0]["faults"]
+    assert crash["kind"] == "crash" and crash["recorded_us"] == crash["signal_us"]
+    assert restart["kind"] == "restart" and restart["running_us"] is not None
+    assert restart["recorded_us"] == restart["running_us"] > restart["signal_us"] + 500_000
+    in_trace = [restart["recorded_us"]] if restart["recorded_us"] <= manifest.duration_us else []
+    assert rows[rows["kind"] == "restart"]["ts_us"].tolist() == in_trace
+    assert manifest.duration_us == max(60_000_000, max(leader_crash.recording.sent_us.values()))
 
 
 def test_every_process_and_namespace_is_gone(leader_crash):
@@ -79,13 +89,33 @@ def test_every_process_and_namespace_is_gone(leader_crash):
             os.killpg(pgid, 0)
     assert marked_java_pids(rec.tag) == []
     assert leftover_namespaces(rec.tag) == []
+    # Nothing else the run started either (format tools, `ip netns exec` wrappers): no child of this process.
+    assert _children(os.getpid()) == []
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
 
 
 def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
     acks1, acks_all = leader_crash.cases
     # Kafka's guarantee, observed on the real cluster: acks=all with min ISR 2 loses no acknowledged write to
     # one crash.
-    assert acks_all.observed["acked_lost"] == 0
+    assert acks_all.observed["acked_lost"] == 0 and acks_all.predicted["acked_lost"] == 0
+    # acks=1 loses the tail its successor had not fetched: usually some (followers fetch every second), none
+    # when a fetch came just before the crash. Either way the prediction must agree: the followers' log ends are
+    # read right after the crash too, so a fetch in the last instants is in the trace (testbed.record).
     for case in leader_crash.cases:
         assert case.loss_agrees, (case.policy, case.predicted["acked_lost"], case.observed["acked_lost"])
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
