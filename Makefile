@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 
 # Delta's jars are resolved from Maven Central once and kept here; later sessions start offline.
 export REPLAB_JARS_DIR ?= $(CURDIR)/.cache/jars
+# numba's compiled kernels are cached here (first call compiles, later processes load).
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export GX_ANALYTICS_ENABLED := false
