@@ -65,6 +65,8 @@ class Case:
 def observed_outcomes(rec: Recording, i: int, run_id: str, duration_us: int) -> pd.DataFrame:
     sch = rec.schedule
     deliveries, reads, parts = rec.deliveries[i], rec.reads[i], rec.partition[i]
+    # Offsets as the prediction counts them: the warm-up record ahead of the scenario's first is not one of them.
+    warmup = rec.warmup[i] if rec.warmup else 0
     rows = []
     for mid, key, producer in zip(sch.produce["msg_id"].to_pylist(), sch.produce["key"].to_pylist(),
                                   sch.produce["producer_id"].to_pylist(), strict=True):
@@ -82,7 +84,7 @@ def observed_outcomes(rec: Recording, i: int, run_id: str, duration_us: int) -> 
         fate = "committed" if read is not None else "lost"
         rows.append((run_id, mid, key, producer, parts[mid], sent, status, error, ack,
                      None if ack is None else ack - sent, fate, read is not None,
-                     None if read is None else read[1], None, d.report_us if d is not None else None))
+                     None if read is None else read[1] - warmup, None, d.report_us if d is not None else None))
     return pd.DataFrame(rows, columns=["run_id", "msg_id", "key", "producer_id", "partition", "produce_us", "status",
                                        "error", "ack_us", "latency_us", "fate", "readable_at_end", "offset",
                                        "visible_us", "_answer_us"])

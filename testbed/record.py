@@ -182,6 +182,7 @@ class Recording:
     samples: list[Sample] = field(default_factory=list)
     reads: list[dict[int, tuple[int, int, int]]] = field(default_factory=list)  # msg_id -> (partition, offset, ms)
     replicas: list[dict[int, tuple[int, ...]]] = field(default_factory=list)  # per policy: partition -> brokers
+    warmup: list[int] = field(default_factory=list)  # per policy: records at the head of each partition (`_warm_up`)
     wall_s: dict[str, float] = field(default_factory=dict)
     pgids: list[int] = field(default_factory=list)  # every process group the cluster started
     tag: str = ""
@@ -406,6 +407,8 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     rec.deliveries = [{} for _ in policies]
     for pr in producers:  # connect and fetch metadata before the clock starts
         pr.list_topics(timeout=10)
+    rec.warmup = [_warm_up(pr, topic_of(i), p.partitions) if producer_config(p, "")["enable.idempotence"] else 0
+                  for i, (p, pr) in enumerate(zip(policies, producers, strict=True))]
 
     callback_errors: list[str] = []
 
@@ -500,6 +503,34 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     _wait_settled(admin, policies, timeout_s=60)
     rec.reads = [read_back(cluster.bootstrap, topic_of(i), p.partitions) for i, p in enumerate(policies)]
     return rec
+
+
+#: The msg_id of the warm-up records (`_warm_up`); the verifying consumer skips them.
+WARMUP_MSG_ID = -1
+
+
+def _warm_up(producer: ResilientProducer, topic: str, partitions: int, timeout_s: float = 60.0) -> int:
+    """Deliver one record to every partition before the clock starts; returns the records per partition (1).
+
+    On a just-created topic an idempotent producer's first request to a partition can fail (the leader is not
+    ready yet) while its second is appended: the broker accepts any first sequence from a producer it has no
+    state for (`ProducerAppendInfo.checkSequence`: "accept writes with any sequence number"), the retried first
+    batch is then out of order, and librdkafka reported it delivered without an offset although no broker had
+    it: an acknowledged write the verifying consumer never reads, that no fault caused (seen in
+    `testbed-leader-crash`: a partition's first message reported without an offset, its second at offset 0).
+    One acknowledged record per partition first gives every partition the producer's state in order.
+    """
+    reports: dict[int, Any] = {}
+    for part in range(partitions):
+        producer.produce(topic, value=_payload(WARMUP_MSG_ID, 1), partition=part,
+                         on_delivery=lambda err, m, part=part: reports.__setitem__(part, (err, m.offset())))
+    producer.flush(timeout_s)
+    bad = {p: r for p, r in reports.items() if r[0] is not None or r[1] != 0}
+    if len(reports) != partitions or bad:
+        missing = sorted(set(range(partitions)) - set(reports))
+        raise RuntimeError(f"{topic}: the warm-up records were not delivered at offset 0 in {timeout_s:.0f} s "
+                           f"(missing partitions {missing}, failed {bad})")
+    return 1
 
 
 def _payload(msg_id: int, size: int) -> bytes:
@@ -647,7 +678,8 @@ def read_back(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[in
                 if m.error():
                     continue
                 mid = int(m.value().split(b":", 1)[0])
-                out.setdefault(mid, (m.partition(), m.offset(), m.timestamp()[1]))
+                if mid != WARMUP_MSG_ID:
+                    out.setdefault(mid, (m.partition(), m.offset(), m.timestamp()[1]))
                 if m.offset() + 1 >= highs[m.partition()]:
                     todo.discard(m.partition())
         if todo:

@@ -126,4 +126,7 @@ def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
     for case in leader_crash.cases:
         assert case.loss_agrees, (case.policy, case.predicted["acked_lost"], case.observed["acked_lost"])
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
+    # The idempotent (acks=all) producer delivered a warm-up record to every partition before the clock started,
+    # so no scenario message was a partition's first batch (testbed.record._warm_up); acks=1 needs none.
+    assert leader_crash.recording.warmup == [0, 1]
     assert acks1.agreement["status"] > 0.5
