@@ -21,7 +21,9 @@ import heapq
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.kernels._arrays import Grow, Table, due_segment
+from replay.kernels import kafka_steady as steady
+from replay.kernels._arrays import Grow, Table, reserve, reserve_rows
+from replay.kernels.kafka_steady import INF, AckCode, FlushCode, MsgState
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
     FinalView,
@@ -36,11 +38,11 @@ from schemas.outcomes import NULL_US, Error, Status
 from schemas.trace import Kind
 
 MS = 1000
-INF = np.iinfo(np.int64).max // 64
 # Position of an event within its instant (SPEC §2.2): trace kinds 0-8, then derived events.
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
 C_FENCE, C_TICK, C_CLIENT, C_RETRY = 9, 10, 11, 12
-WAITING, REFUSED, APPENDED, ACKED, FAILED = range(5)
+WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED, MsgState.ACKED,
+                                            MsgState.FAILED)
 _PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
     "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
@@ -112,7 +114,16 @@ class KafkaPartitionReplay:
         self.must_register = np.zeros(n, dtype=bool)
         self.flushed_all = np.zeros(n, dtype=np.int64)
         self.runs: list[list[list[int]]] = [[] for _ in range(n)]
-        self.pend_dur: list[list[list[int]]] = [[] for _ in range(n)]  # [durable_at_us, length] buckets
+        # per replica, writes not yet surely on disk: (durable_at_us, length) buckets (`steady.wrote`)
+        self.dur_d = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
+        self.dur_len = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
+        self.dur_n = np.zeros(n, dtype=np.int64)
+        if policy.flush is FlushMode.SYNC:
+            self.flush = (int(FlushCode.SYNC), 1, 0)
+        elif policy.flush_interval_ms is None:
+            self.flush = (int(FlushCode.OS), OS_WRITEBACK_PERIOD_MS * MS, OS_WRITEBACK_EXPIRE_MS * MS)
+        else:
+            self.flush = (int(FlushCode.INTERVAL), policy.flush_interval_ms * MS, 0)
         self.epochs: dict[int, tuple[int, Grow, Grow]] = {0: (0, Grow(), Grow())}  # epoch -> (start, app, size)
         # Rule 2: the first replica leads; the ISR starts as all replicas.
         self.leader = self.order[0]
@@ -130,6 +141,8 @@ class KafkaPartitionReplay:
         self.last_leader = self.order[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
+        self.handlers = {"tick": self._on_tick, "fence": self._on_fence, "switch": self._on_switch,
+                         "refresh": self._on_refresh}
         self.seq = 0
         self._push(0, C_TICK, "tick", 0)
         self.pend = Table(_PENDING_COLS)
@@ -165,7 +178,10 @@ class KafkaPartitionReplay:
         self.s_code = np.where(is_rep, C_REPLICATE, C_PRODUCE)
         pidx = np.where(is_rep, 0, order - nrep)
         ridx = np.where(is_rep, order, 0)
-        self.s_broker = np.where(is_rep, bb[rep][ridx] if nrep else 0, -1)
+        rep_ix = np.full(len(bb), -1, dtype=np.int64)  # replica index of each report's broker
+        for i, b in enumerate(self.order):
+            rep_ix[bb == b] = i
+        self.s_rep = np.where(is_rep, rep_ix[rep][ridx] if nrep else 0, -1)
         self.s_upto = np.where(is_rep, bu[rep][ridx] if nrep else 0, 0)
         self.s_msg = np.where(is_rep, -1, ev.produce_msg[pidx] if len(ev.produce_msg) else 0)
         self.s_size = np.where(is_rep, 0, ev.produce_size[pidx] if len(ev.produce_size) else 0)
@@ -176,7 +192,7 @@ class KafkaPartitionReplay:
         self.s_pos = 0
         # a sentinel at the end keeps index arithmetic valid when a chunk has no stream events
         self.s_key = np.append(self.s_key, INF)
-        for name in ("s_code", "s_broker", "s_upto", "s_msg", "s_size"):
+        for name in ("s_code", "s_rep", "s_upto", "s_msg", "s_size"):
             setattr(self, name, np.append(getattr(self, name), 0))
         self.s_payload = {k: np.append(v, -1) for k, v in self.s_payload.items()}
         until_key = _key(until_us, 0)
@@ -196,7 +212,7 @@ class KafkaPartitionReplay:
                 ci += 1
             else:
                 _, _, what, arg = heapq.heappop(self.heap)
-                getattr(self, "_on_" + what)(t, arg)
+                self.handlers[what](t, arg)
             self._reschedule_pool(t)
 
     def finish(self) -> PartitionResult:
@@ -279,37 +295,9 @@ class KafkaPartitionReplay:
         raise IndexError(offset)
 
     # -------------------------------------------------------------------------------- durability
-    def _durable_at(self, written: np.ndarray) -> np.ndarray:
-        if self.p.flush is FlushMode.SYNC:
-            return written
-        if self.p.flush_interval_ms is None:
-            period, expire = OS_WRITEBACK_PERIOD_MS * MS, OS_WRITEBACK_EXPIRE_MS * MS
-            return -(-(written + expire) // period) * period
-        period = self.p.flush_interval_ms * MS
-        return -(-written // period) * period
-
-    def _wrote(self, i: int, written: np.ndarray, lengths: np.ndarray) -> None:
-        """Record that replica i's log reached lengths[j] at written[j] (for power-loss durability)."""
-        if len(written) == 0:
-            return
-        if self.p.flush is FlushMode.SYNC:
-            self.flushed_all[i] = max(self.flushed_all[i], int(lengths[-1]))
-            return
-        d = self._durable_at(written)
-        last = np.flatnonzero(np.append(d[1:] != d[:-1], True))  # last write of every durability bucket
-        buckets = self.pend_dur[i]
-        for dd, ln in zip(d[last].tolist(), lengths[last].tolist(), strict=True):
-            if buckets and buckets[-1][0] == dd:
-                buckets[-1][1] = max(buckets[-1][1], ln)
-            else:
-                buckets.append([dd, ln])
-        if len(buckets) > 64:  # fold buckets that are surely on disk by now
-            now = int(written[-1])
-            keep = [bk for bk in buckets if bk[0] >= now]
-            for bk in buckets:
-                if bk[0] < now:
-                    self.flushed_all[i] = max(self.flushed_all[i], bk[1])
-            self.pend_dur[i] = keep
+    def _wrote(self, i: int, t: int, length: int) -> None:
+        """Replica i's log reached `length` at t (kept for a power loss, SPEC §3.1)."""
+        steady.wrote(i, t, length, self.flushed_all, self.dur_d, self.dur_len, self.dur_n, *self.flush)
 
     def _truncate(self, i: int, length: int) -> None:
         length = min(length, int(self.log_len[i]))
@@ -317,196 +305,119 @@ class KafkaPartitionReplay:
         self.runs[i] = _prefix_runs(self.runs[i], length)
         self.flushed_all[i] = min(self.flushed_all[i], length)
         self.fetched[i] = min(self.fetched[i], length)
-        for bk in self.pend_dur[i]:
-            bk[1] = min(bk[1], length)
+        np.minimum(self.dur_len[i], length, out=self.dur_len[i])
 
-    # ================================================================================== stream segments
+    # ================================================================================== steady stretches
     def _stream(self, limit_key: int) -> None:
         """Process produce/replicate events and scheduled retries with keys below `limit_key`."""
         while True:
-            due = due_segment(self.s_key, self.s_pos, self.sched_key, limit_key)
-            if due is None:
+            hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
+            shi = int(np.searchsorted(self.sched_key, limit_key, side="left"))
+            if hi <= self.s_pos and shi == 0:
                 return
-            keys, is_tr, ti, si, shi = due
-            seg = {
-                "key": keys,
-                "code": np.where(is_tr, self.s_code[ti], C_RETRY),
-                "broker": np.where(is_tr, self.s_broker[ti], -1),
-                "upto": np.where(is_tr, self.s_upto[ti], 0),
-                "msg": np.where(is_tr, self.s_msg[ti], -1),
-                "size": np.where(is_tr, self.s_size[ti], 0),
-                "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
-                **{k: np.where(is_tr, v[ti], -1) for k, v in self.s_payload.items()},
-            }
-            self._segment(seg, is_tr)
-            # loop: an ISR expansion may have cut the segment or scheduled retries before limit_key
+            self._steady(hi, shi)
+            # loop: an ISR expansion may have cut the stretch or scheduled retries before limit_key
 
-    def _segment(self, seg: dict, is_tr: np.ndarray) -> None:
-        """One steady segment: consumes its events, all of them unless an ISR expansion cuts it short."""
-        key, code = seg["key"], seg["code"]
-        ts = key // 16
-        n = len(key)
-        srv = self._serving()
-        ldr = self.leader
+    def _steady(self, hi: int, shi: int) -> None:
+        """One steady stretch in compiled code (`kafka_steady.steady`), then its effects on the Python-held state."""
+        due = hi - self.s_pos + shi
+        ldr, srv = self.leader, self._serving()
         li = self.ix[ldr] if ldr >= 0 else -1
-        l_ok = ldr >= 0 and self._eligible(ldr)
-        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li] and not self.unaware
-        refusing = srv >= 0 and self._refusing()
-        accepting = srv >= 0 and not refusing
-        is_arr = code != C_REPLICATE
-        is_new = code == C_PRODUCE
-        acks0 = self.acks is Acks.ZERO
-        # acks=0 is never refused (rule 3 is for acks=all); every arrival is appended when a broker serves.
-        appended = is_arr & (srv >= 0) & (accepting | acks0)
-        to_leader = srv >= 0 and srv == ldr
-        leo0 = int(self.log_len[li]) if li >= 0 else 0
-        leo_after = leo0 + np.cumsum(appended) if to_leader else np.full(n, leo0, dtype=np.int64)
-        # ----- follower reports (rule 5)
-        rep_valid = (code == C_REPLICATE) & l_ok
-        if rep_valid.any():
-            rb = seg["broker"]
-            ok_b = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
-            bi = np.full(len(rb), -1, dtype=np.int64)  # replica index of each report's broker (few replicas)
-            for i, b in enumerate(self.order):
-                bi[rb == b] = i
-            rep_valid &= (bi >= 0) & ok_b[np.maximum(bi, 0)]
-        lead_app = self.lead_app.view
-        if to_leader and appended.any():
-            lead_app = np.concatenate([lead_app, ts[appended]])
+        si = self.ix[srv] if srv >= 0 else -1
         view = self._view()
-        frozen = self._frozen(len(view))
-        cand = leo_after.copy()
-        follower = {}
-        expand_at = n
-        expand_b = -1
-        for b in self.order:
-            if b == ldr:
-                continue
-            i = self.ix[b]
-            idx = np.flatnonzero(rep_valid & (seg["broker"] == b))
-            if len(idx):
-                count = np.minimum(np.searchsorted(lead_app, seg["upto"][idx], side="right"), leo_after[idx])
-                new_len = np.maximum.accumulate(np.maximum(count, self.log_len[i]))
-                caught = new_len == leo_after[idx]
-                lcu = np.maximum.accumulate(np.maximum(np.where(caught, ts[idx], seg["upto"][idx]), self.lcu[i]))
-                follower[b] = (idx, new_len, lcu)
-                pos = np.searchsorted(idx, np.arange(n), side="right") - 1
-                series = np.where(pos >= 0, new_len[np.maximum(pos, 0)], self.fetched[i])
-            else:
-                series = None
-            if b in view and l_up and not frozen:
-                cand = np.minimum(cand, series if series is not None else self.fetched[i])
-        if l_up and not frozen:
-            hw = np.maximum(self.hw, cand)
+        n = len(self.order)
+        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li]
+        zombie = srv >= 0 and self._is_zombie_target()
+        refusing = srv >= 0 and self._refusing()
+        acks = {Acks.ZERO: AckCode.ZERO, Acks.ONE: AckCode.ONE, Acks.ALL: AckCode.ALL}[self.acks]
+        epoch = self._serving_epoch() if srv >= 0 else -1
+        new_epoch = srv >= 0 and epoch not in self.epochs
+        if srv >= 0:
+            ep_start, ep_app, ep_size = (int(self.log_len[si]), Grow(), Grow()) if new_epoch else self.epochs[epoch]
         else:
-            hw = np.full(n, self.hw, dtype=np.int64)
-        # ----- ISR expansion (rule 7; SPEC §3.7 K-5, `Partition.isFollowerInSync`: the high watermark and the
-        # leader epoch's start offset) cuts the segment after the report that triggers it
-        for b, (idx, new_len, _) in follower.items():
-            if b in self.isr:
-                continue
-            hit = np.flatnonzero((new_len >= hw[idx]) & (new_len >= self.epoch_start))
-            if len(hit) and idx[hit[0]] < expand_at:
-                expand_at, expand_b = int(idx[hit[0]]), b
-        m = n if expand_b < 0 else expand_at + 1
-        if m < n:
-            ts, code, is_arr, is_new, appended = ts[:m], code[:m], is_arr[:m], is_new[:m], appended[:m]
-            leo_after, hw = leo_after[:m], hw[:m]
-            seg = {k: v[:m] for k, v in seg.items()}
-        self._commit_segment(seg, ts, srv, ldr, refusing, is_arr, is_new, appended, to_leader, leo_after, hw,
-                             {b: (idx[idx < m], nl[idx < m], lc[idx < m]) for b, (idx, nl, lc) in follower.items()})
-        # The consumed events leave the queues *before* any handler below reads or edits them: a retry consumed
-        # here (refused again, rule 3) must be rescheduled by `_reschedule_pool` after the expansion, not
-        # mistaken for one still due, and `_resolve_deadlines` may filter the retry queue.
-        took_tr = int(is_tr[:m].sum())
-        self.s_pos += took_tr
-        self.sched_key = self.sched_key[m - took_tr:]
-        self.sched_row = self.sched_row[m - took_tr:]
-        if expand_b >= 0:
-            self._resolve_deadlines(int(ts[-1]))  # deadlines before the expansion saw the state before it
-            self._expand(int(ts[-1]), expand_b)
-            self._reschedule_pool(int(ts[-1]))
-
-    def _commit_segment(self, seg, ts, srv, ldr, refusing, is_arr, is_new, appended, to_leader, leo_after, hw,
-                        follower) -> None:
-        if len(ts) == 0:
-            return
-        self._clock(int(ts[0]))  # the instant open before this segment ends with the state before it
-        acks0 = self.acks is Acks.ZERO
-        # ----- arrivals: new messages get rows; retries reuse theirs
-        rows = seg["row"].copy()
-        if is_new.any():
-            new_ts = ts[is_new]
-            k = len(new_ts)
-            created = self.pend.append(
-                msg=seg["msg"][is_new], prod=new_ts, size=seg["size"][is_new],
-                dead=new_ts + self.p.delivery_timeout_ms * MS, state=np.full(k, WAITING, np.int8),
-                err=np.zeros(k, np.int8), anchor=new_ts, nref=np.zeros(k, np.int64), pe=np.full(k, -1),
-                po=np.full(k, -1),
-                req=np.full(k, INF), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US),
-                **{name: seg[name][is_new] for name in PAYLOAD},
-            )
-            rows[is_new] = created
-        arr_rows = rows[is_arr]
-        arr_ts = ts[is_arr]
-        arr_app = appended[is_arr]
-        st, anchor = self.pend.cols["state"], self.pend.cols["anchor"]
-        if acks0:
-            st[arr_rows] = ACKED
-            self.pend.cols["ack"][arr_rows] = arr_ts
-        elif srv < 0:
-            st[arr_rows] = WAITING
-        elif refusing:
-            st[arr_rows] = REFUSED  # NotEnoughReplicas; the retry schedule continues from here
-            anchor[arr_rows] = arr_ts
-            self.pend.cols["nref"][arr_rows] += 1  # one arrival per row and segment (SPEC §3.7 K-2)
-        # ----- appends to the serving broker
-        if arr_app.any():
-            a_rows, a_ts = arr_rows[arr_app], arr_ts[arr_app]
-            si = self.ix[srv]
-            epoch = self._serving_epoch()
-            start_off = int(self.log_len[si])
-            offsets = start_off + np.arange(len(a_rows))
-            self._move_positions(a_rows)
-            self.pend.cols["pe"][a_rows] = epoch
-            self.pend.cols["po"][a_rows] = offsets
-            self._append_entries(si, epoch, a_ts, self.pend.cols["size"][a_rows], offsets)
-            if not acks0:
-                st[a_rows] = APPENDED
-                self.pend.cols["req"][a_rows] = a_ts
-                if self.acks is Acks.ONE:
-                    st[a_rows] = ACKED
-                    self.pend.cols["ack"][a_rows] = a_ts
-            if self._is_zombie_target() and srv == self.zombie["broker"] and self.zombie["view"] == (srv,) \
-                    and not self._frozen(1):
-                # A zombie whose ISR was itself alone commits on its own (rule 10).
-                self.zombie["hw"] = int(self.log_len[si])
-                vis = self.pend.cols["vis"]
-                vis[a_rows] = np.where(vis[a_rows] == NULL_US, a_ts, vis[a_rows])
-                if self.acks is Acks.ALL:
-                    st[a_rows] = ACKED
-                    self.pend.cols["ack"][a_rows] = a_ts
-        # ----- follower copies (rule 5)
-        for b, (idx, new_len, lcu) in follower.items():
-            if not len(idx):
-                continue
-            i = self.ix[b]
-            grew = np.flatnonzero(np.diff(np.concatenate([[self.log_len[i]], new_len])) > 0)
-            final = int(new_len[-1])
-            if final > self.log_len[i]:
-                cum = self.lead_cum.view
-                self.replication_bytes += int(cum[final] - cum[int(self.log_len[i])])
-                self.runs[i] = _prefix_runs(self.runs[self.ix[ldr]], final)
-                self._wrote(i, ts[idx[grew]], new_len[grew])
-            self.log_len[i] = final
-            self.fetched[i] = final
-            self.lcu[i] = int(lcu[-1])
-        # ----- high watermark: acks and visibility (rules 4, 12)
+            ep_start, ep_app, ep_size = 0, Grow(), Grow()
+        cf = np.array([
+            hi, shi, li, si, int(srv >= 0 and srv == ldr), int(srv >= 0), int(refusing), int(acks),
+            int(ldr >= 0 and self._eligible(ldr)), int(l_up and not self.unaware and not self._frozen(len(view))),
+            epoch, self.epoch_start, self.p.delivery_timeout_ms * MS, self.p.request_timeout_ms * MS, self.window_us,
+            int(zombie), int(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
+            int(srv < 0 or refusing), int(l_up), *self.flush], dtype=np.int64)
+        av = self.av_prev or (0, False, INF)
+        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
+        sc[[steady.S_HW, steady.S_ZHW, steady.S_ZSTALL, steady.S_CUR_T, steady.S_AV_HAS, steady.S_AV_T,
+            steady.S_AV_BLOCKED, steady.S_AV_STALL, steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_PEND_N,
+            steady.S_POS]] = [
+            self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
+            int(self.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n, ep_app.n,
+            self.pend.n, self.s_pos]
+        reserve_rows(self.pend, due)
+        c = self.pend.cols
+        in_view = np.array([b in view for b in self.order], dtype=bool)
+        in_isr = np.array([b in self.isr for b in self.order], dtype=bool)
+        ok_rep = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
+        lead_runs = _runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        rows = np.empty((due + 1, 3), dtype=np.int64)
+        unav = np.empty((due + 1, 2), dtype=np.int64)
+        extra = np.empty((due + 1, 3), dtype=np.int64)
+        hw_ch = np.empty((due + 1, 2), dtype=np.int64)
+        grow_from = self.log_len.copy()
         old_hw = self.hw
-        self.hw = int(hw[-1])
-        if ldr >= 0 and self.hw > old_hw:
-            self._settle_by_series(ts, hw, old_hw, ldr, acks=to_leader)
-        self._instants(ts, hw, leo_after, srv, refusing)
+        p = self.s_payload
+        steady.steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, p["pid"],
+                      p["part"], p["keyid"], self.sched_key, self.sched_row, c["msg"], c["prod"], c["size"],
+                      c["dead"], c["state"], c["anchor"], c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"],
+                      c["pid"], c["part"], c["keyid"], self.log_len, self.fetched, self.lcu, self.flushed_all,
+                      self.dur_d, self.dur_len, self.dur_n, ok_rep, in_isr, in_view, lead_runs,
+                      reserve(self.lead_app, due), reserve(self.lead_cum, due), reserve(ep_app, due),
+                      reserve(ep_size, due), rows, unav, extra, hw_ch)
+        # ----- the carried scalars and the growable arrays back
+        self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
+        if zombie:
+            self.zombie["hw"] = int(sc[steady.S_ZHW])
+        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
+        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
+        ep_app.n = ep_size.n = int(sc[steady.S_EP_N])
+        self.pend.n = int(sc[steady.S_PEND_N])
+        self.s_pos = int(sc[steady.S_POS])
+        took = int(sc[steady.S_SCHED_POS])
+        self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
+        # ----- logs as runs: the serving broker's appends (one epoch), then followers as prefixes of the leader's
+        k = int(sc[steady.S_APPENDED])
+        if k:
+            if new_epoch:
+                self.epochs[epoch] = (ep_start, ep_app, ep_size)
+            start, runs = int(self.log_len[si]) - k, self.runs[si]
+            assert self.epochs[epoch][0] + ep_app.n == start + k, "an epoch's leader appends contiguously"
+            if runs and runs[-1][0] == epoch and runs[-1][2] == start:
+                runs[-1][2] = start + k
+            else:
+                runs.append([epoch, start, start + k])
+        for i in range(n):
+            if i not in (li, si) and self.log_len[i] > grow_from[i]:
+                self.runs[i] = _prefix_runs(self.runs[li], int(self.log_len[i]))
+        nx = int(sc[steady.S_NEXTRA])
+        if nx:
+            self.extra.extend(map(tuple, extra[:nx].tolist()))
+        nh = int(sc[steady.S_NHW])
+        if nh and self.extra and ldr >= 0:
+            self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
+        # ----- closed instants: timeline rows and availability
+        for t, leo, hw in (rows[: int(sc[steady.S_NROWS])].tolist()):
+            row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw) if l_up else self._state_row(t)
+            last = self.last_row
+            if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) != (
+                    last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
+                self._emit_row(row)
+        self.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
+        if sc[steady.S_AV_HAS]:
+            self.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
+        b = int(sc[steady.S_EXPAND])
+        if b >= 0:  # rule 7: the report that brought b up to the high watermark ends the stretch
+            t = self.cur_t
+            self._resolve_deadlines(t)  # deadlines before the expansion saw the state before it
+            self._expand(t, self.order[b])
+            self._reschedule_pool(t)
+
 
     def _append_entries(self, si: int, epoch: int, app_ts: np.ndarray, sizes: np.ndarray,
                         offsets: np.ndarray) -> None:
@@ -523,7 +434,7 @@ class KafkaPartitionReplay:
         else:
             runs.append([epoch, int(offsets[0]), end])
         self.log_len[si] = end
-        self._wrote(si, app_ts, offsets + 1)
+        self._wrote(si, int(app_ts[-1]), int(offsets[-1]) + 1)  # one instant: one durability bucket
         if self.order[si] == self.leader:
             self.lead_app.extend(app_ts)
             self.lead_cum.extend(self.lead_cum.view[-1] + np.cumsum(sizes))
@@ -534,30 +445,6 @@ class KafkaPartitionReplay:
         had = rows[pe[rows] >= 0]
         for r in had:
             self.extra.append((int(msg[r]), int(pe[r]), int(po[r])))
-
-    def _settle_by_series(self, ts, hw, old_hw, ldr, acks: bool) -> None:
-        """Messages in the leader's log between the old and the new high watermark: commit times from the series."""
-        n = self.pend.n
-        if n == 0:
-            return
-        pe, po = self.pend["pe"], self.pend["po"]
-        cand = np.flatnonzero((po >= old_hw) & (po < hw[-1]) & (pe >= 0))
-        if len(cand) == 0:
-            return
-        runs = _runs_array(self.runs[self.ix[ldr]])
-        cand = cand[runs_contain(runs, pe[cand], po[cand])]
-        at = np.searchsorted(hw, po[cand], side="right")
-        when = ts[np.minimum(at, len(ts) - 1)]
-        vis = self.pend.cols["vis"]
-        vis[cand] = np.where(vis[cand] == NULL_US, when, vis[cand])
-        if acks and self.acks is Acks.ALL:
-            st = self.pend.cols["state"]
-            ack_t = np.maximum(when, self.pend["req"][cand])
-            ok = (st[cand] == APPENDED) & (ack_t <= self.pend["dead"][cand])
-            rows = cand[ok]
-            st[rows] = ACKED
-            self.pend.cols["ack"][rows] = ack_t[ok]
-        self._extra_visible(ldr, old_hw, int(hw[-1]), ts, hw)
 
     def _extra_visible(self, broker: int, lo: int, hi: int, ts=None, hw=None, t: int | None = None) -> None:
         """Visibility through an earlier copy of a retried message (rare)."""
@@ -631,61 +518,6 @@ class KafkaPartitionReplay:
             self.unavail.append((t0, t_end))
         elif stall_from < t_end:
             self.unavail.append((max(t0, stall_from), t_end))
-
-    def _instants(self, ts, hw, leo_after, srv, refusing) -> None:
-        """Close every instant of the segment but the last: timeline rows and availability (vectorized)."""
-        last_of = np.flatnonzero(np.append(ts[1:] != ts[:-1], True))  # last event of each instant
-        if len(last_of) > 1:
-            closed = last_of[:-1]
-            tc = ts[closed]
-            ldr = self.leader
-            if ldr >= 0 and self.up[self.ix[ldr]] and not self.must_register[self.ix[ldr]]:
-                leo_i, hw_i = leo_after[closed], hw[closed]
-                rows = [StateRow(int(tc[j]), ldr, self.epoch, tuple(self.isr), int(leo_i[j]), int(hw_i[j]))
-                        for j in self._changed_instants(tc, leo_i, hw_i)]
-            else:  # no leader serving: the state cannot change inside the segment
-                rows = [self._state_row(int(tc[0]))]
-            for row in rows:
-                last = self.last_row
-                if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset,
-                                    row.high_watermark) != (last.leader, last.leader_epoch, last.isr,
-                                                            last.log_end_offset, last.high_watermark):
-                    self._emit_row(row)
-            blocked, stall = self._stall_series(closed, hw, leo_after, srv, refusing)
-            self._close_avail(int(tc[0]))
-            if blocked:
-                self.unavail.append((int(tc[0]), int(tc[-1])))
-            else:
-                lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
-            self.av_prev = (int(tc[-1]), blocked, int(stall[-1]))
-        self.cur_t = int(ts[-1])
-
-    def _changed_instants(self, tc, leo_i, hw_i) -> np.ndarray:
-        """Instants whose end state differs from the previous one; of the non-control ones only each window's last
-        can survive coalescing. The first instant is always checked (it may close a control change)."""
-        changed = np.flatnonzero((leo_i[1:] != leo_i[:-1]) | (hw_i[1:] != hw_i[:-1])) + 1
-        if len(changed):
-            win = tc[changed] // self.window_us
-            changed = changed[np.append(win[1:] != win[:-1], True)]
-        return np.concatenate([[0], changed])
-
-    def _stall_series(self, closed, hw, leo_after, srv, refusing) -> tuple[bool, np.ndarray]:
-        """Availability at each closed instant, as `_avail()` would compute it there."""
-        k = len(closed)
-        if srv < 0 or (self.acks is Acks.ALL and refusing):
-            return True, np.full(k, INF, dtype=np.int64)
-        if self.acks is not Acks.ALL:
-            return False, np.full(k, INF, dtype=np.int64)
-        timeout = self.p.request_timeout_ms * MS
-        if srv == self.leader:
-            s_hw, s_leo = hw[closed], leo_after[closed]
-            stall = np.full(k, INF, dtype=np.int64)
-            waiting = s_hw < s_leo
-            stall[waiting] = self.lead_app.view[s_hw[waiting]] + timeout
-            return False, stall
-        # a zombie: its high watermark only moves when it commits alone, and then nothing waits
-        return False, np.full(k, self._avail()[1], dtype=np.int64)
 
     def _records(self, mask: np.ndarray) -> MessageRecords:
         c = self.pend
@@ -772,7 +604,8 @@ class KafkaPartitionReplay:
 
     def _durable_prefix(self, i: int, t: int) -> int:
         n = int(self.flushed_all[i])
-        for d, ln in self.pend_dur[i]:
+        for d, ln in zip(self.dur_d[i, : self.dur_n[i]].tolist(), self.dur_len[i, : self.dur_n[i]].tolist(),
+                         strict=True):
             if d < t:  # a flush tick at the very instant of the power loss comes after it (SPEC §2.2)
                 n = max(n, ln)
         return min(n, int(self.log_len[i]))
@@ -788,7 +621,7 @@ class KafkaPartitionReplay:
         elif kind is Kind.DISK_LOSS:
             self._truncate(i, 0)
         self.flushed_all[i] = self.log_len[i]
-        self.pend_dur[i] = []
+        self.dur_n[i] = 0
         self._became_unreachable(t, i)
         self._zombie_stops(b)
         if b == self.target and self.leader >= 0 and self.leader != b:
@@ -801,7 +634,7 @@ class KafkaPartitionReplay:
         self.up[i] = False
         self.unclean[i] = False
         self.flushed_all[i] = self.log_len[i]
-        self.pend_dur[i] = []
+        self.dur_n[i] = 0
         self.unreach[i] = -1
         self._zombie_stops(b)
         self._leave_isr(b)
@@ -826,7 +659,7 @@ class KafkaPartitionReplay:
         i = self.ix[b]
         self.up[i] = True
         self.flushed_all[i] = self.log_len[i]
-        self.pend_dur[i] = []
+        self.dur_n[i] = 0
         if self.iso[i]:
             self.must_register[i] = True
             return
