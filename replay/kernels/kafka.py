@@ -51,6 +51,7 @@ _PENDING_COLS = {
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
 PAYLOAD = ("pid", "part", "keyid")
+COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
 
 
 def _key(ts, code):
@@ -164,37 +165,19 @@ class KafkaPartitionReplay:
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
         ev = events
-        known = np.isin(ev.broker_id, np.array(self.order, dtype=np.int64))
-        bk, bts, bb, bu = ev.broker_kind[known], ev.broker_ts[known], ev.broker_id[known], ev.broker_upto[known]
-        ctrl = bk < C_REPLICATE
-        c_key = _key(bts[ctrl], bk[ctrl].astype(np.int64))
-        c_kind, c_b = bk[ctrl], bb[ctrl]
-        rep = bk == C_REPLICATE
-        s_key = np.concatenate([_key(bts[rep], C_REPLICATE), _key(ev.produce_ts, C_PRODUCE)])
-        order = np.argsort(s_key, kind="stable")
-        self.s_key = s_key[order]
-        nrep = int(rep.sum())
-        is_rep = order < nrep
-        self.s_code = np.where(is_rep, C_REPLICATE, C_PRODUCE)
-        pidx = np.where(is_rep, 0, order - nrep)
-        ridx = np.where(is_rep, order, 0)
-        rep_ix = np.full(len(bb), -1, dtype=np.int64)  # replica index of each report's broker
+        rep_ix = np.full(len(ev.broker_id), -1, dtype=np.int64)  # replica index of each broker event's broker
         for i, b in enumerate(self.order):
-            rep_ix[bb == b] = i
-        self.s_rep = np.where(is_rep, rep_ix[rep][ridx] if nrep else 0, -1)
-        self.s_upto = np.where(is_rep, bu[rep][ridx] if nrep else 0, 0)
-        self.s_msg = np.where(is_rep, -1, ev.produce_msg[pidx] if len(ev.produce_msg) else 0)
-        self.s_size = np.where(is_rep, 0, ev.produce_size[pidx] if len(ev.produce_size) else 0)
-        self.s_payload = {}
-        for name in PAYLOAD:
-            col = (ev.payload or {}).get(name)
-            self.s_payload[name] = np.where(is_rep, -1, col[pidx] if col is not None and len(col) else -1)
+            rep_ix[ev.broker_id == b] = i
+        ctrl = (ev.broker_kind < C_REPLICATE) & (rep_ix >= 0)
+        c_key = _key(ev.broker_ts[ctrl], ev.broker_kind[ctrl].astype(np.int64))
+        c_kind, c_b = ev.broker_kind[ctrl], ev.broker_id[ctrl]
+        none = np.full(len(ev.produce_ts), -1, dtype=np.int64)
+        payload = [np.asarray((ev.payload or {}).get(name, none), dtype=np.int64) for name in PAYLOAD]
+        (self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, *pay) = steady.merge_stream(
+            ev.broker_ts, ev.broker_kind, rep_ix, ev.broker_upto, ev.produce_ts, ev.produce_msg, ev.produce_size,
+            *payload)
+        self.s_payload = dict(zip(PAYLOAD, pay, strict=True))
         self.s_pos = 0
-        # a sentinel at the end keeps index arithmetic valid when a chunk has no stream events
-        self.s_key = np.append(self.s_key, INF)
-        for name in ("s_code", "s_rep", "s_upto", "s_msg", "s_size"):
-            setattr(self, name, np.append(getattr(self, name), 0))
-        self.s_payload = {k: np.append(v, -1) for k, v in self.s_payload.items()}
         until_key = _key(until_us, 0)
         ci = 0
         while True:
@@ -411,6 +394,8 @@ class KafkaPartitionReplay:
         self.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
         if sc[steady.S_AV_HAS]:
             self.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
+        if self.pend.n >= COMPACT_AT:
+            self._compact()  # settled messages leave the pending table (it bounds the next stretch's scans)
         b = int(sc[steady.S_EXPAND])
         if b >= 0:  # rule 7: the report that brought b up to the high watermark ends the stretch
             t = self.cur_t
@@ -540,10 +525,10 @@ class KafkaPartitionReplay:
         """Messages whose delivery deadline passed (before t) fail; the error reflects the state then."""
         if self.acks is Acks.ZERO or self.pend.n == 0:
             return
+        if not steady.any_due(self.pend.cols["state"], self.pend.cols["dead"], self.pend.n, t):
+            return
         st = self.pend.cols["state"][: self.pend.n]
         due = (st <= APPENDED) & (self.pend["dead"] < t)
-        if not due.any():
-            return
         rows = np.flatnonzero(due)
         srv = self._serving()
         other = Error.NOT_ENOUGH_REPLICAS if srv >= 0 and self._refusing() else Error.NO_LEADER

@@ -191,9 +191,13 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                 if not l_ok or b < 0 or not ok_rep[b]:
                     continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
                 leo = log_len[li]
-                count = min(np.searchsorted(lead_app[:lead_n], s_upto[j], side="right"), leo)
                 old = log_len[b]
-                new_len = max(old, count)  # a report never shrinks a follower's log
+                # The count of the leader's entries appended by upto, if above the follower's log end (a report
+                # never shrinks a follower's log): append times never decrease in a log, so a scan from the log
+                # end finds it in time proportional to the entries it copies.
+                new_len = old
+                while new_len < min(leo, lead_n) and lead_app[new_len] <= s_upto[j]:
+                    new_len += 1
                 if new_len > old:
                     sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
                     wrote(b, t, new_len, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
@@ -279,3 +283,48 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
     sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N] = lead_n, cum_n, ep_n, pend_n
     sc[S_POS], sc[S_SCHED_POS], sc[S_APPENDED], sc[S_EXPAND] = i_s, i_r, appends, expand
     sc[S_NROWS], sc[S_NUNAV], sc[S_NEXTRA], sc[S_NHW] = n_rows, n_unav, n_extra, n_hw
+
+
+@compiled
+def merge_stream(b_ts, b_kind, b_rep, b_upto, p_ts, p_msg, p_size, p_pid, p_part, p_keyid):
+    """The chunk's stream events in SPEC §2.2 order, as key = ts·16 + kind: the reports of the partition's
+    replicas (`b_rep` >= 0) and the produce events, both already sorted by time (`PartitionEvents`), merged; a
+    sentinel key INF ends the arrays. Returns (key, code, replica, upto, msg, size, pid, part, keyid)."""
+    nr = 0
+    for j in range(len(b_ts)):
+        if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:
+            nr += 1
+    n = nr + len(p_ts)
+    key = np.empty(n + 1, dtype=np.int64)
+    code, rep, upto, msg, size = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                  np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                  np.zeros(n + 1, dtype=np.int64))
+    pid, part, keyid = (np.full(n + 1, -1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                        np.full(n + 1, -1, dtype=np.int64))
+    i, k, last = 0, 0, -1
+    for o in range(n):
+        while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
+            i += 1
+        kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
+        kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
+        if kb < kp:
+            key[o], code[o], rep[o], upto[o] = kb, C_REPLICATE, b_rep[i], b_upto[i]
+            i += 1
+        else:
+            key[o], code[o], msg[o], size[o] = kp, C_PRODUCE, p_msg[k], p_size[k]
+            pid[o], part[o], keyid[o] = p_pid[k], p_part[k], p_keyid[k]
+            k += 1
+        if key[o] < last:
+            raise ValueError("stream events out of time order")
+        last = key[o]
+    key[n] = INF
+    return key, code, rep, upto, msg, size, pid, part, keyid
+
+
+@compiled
+def any_due(state, dead, n, t):
+    """Whether a pending message's delivery deadline passed before t (a cheap test before the vectorized pass)."""
+    for r in range(n):  # noqa: SIM110 (a loop numba compiles, not a generator)
+        if state[r] <= _APPENDED and dead[r] < t:
+            return True
+    return False
