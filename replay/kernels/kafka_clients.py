@@ -36,8 +36,10 @@ class KafkaClients:
         self._recompute_hw(t)
 
     def _recompute_hw(self, t: int) -> None:
+        """Rule 4, as `KafkaReference._recompute_hw`: not while the leader is down, unregistered, or unaware of its
+        election (SPEC §3.7 K-3: an isolated broker elected does not lead until it heals)."""
         ldr = self.leader
-        if ldr < 0 or not self.up[self.ix[ldr]] or self.must_register[self.ix[ldr]]:
+        if ldr < 0 or not self.up[self.ix[ldr]] or self.must_register[self.ix[ldr]] or self.unaware:
             return
         view = self._view()
         if ldr not in view:

@@ -80,11 +80,12 @@ def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expir
     if flush == _SYNC:
         flushed_all[i] = max(flushed_all[i], length)
         return
-    d = durable_at(t, flush, period, expire)
     n = dur_n[i]
-    if n > 0 and dur_d[i, n - 1] == d:
+    # the last bucket, if t falls in it (most writes): its flush tick is the first at or after t (+ expiry)
+    if n > 0 and dur_d[i, n - 1] - period < t + (expire if flush == _OS else 0) <= dur_d[i, n - 1]:
         dur_len[i, n - 1] = max(dur_len[i, n - 1], length)
         return
+    d = durable_at(t, flush, period, expire)
     if n == dur_d.shape[1]:  # fold the buckets surely on disk by now: a later power loss keeps them
         k = 0
         for j in range(n):
