@@ -97,3 +97,34 @@ def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key:
     ntr = hi - s_pos
     is_tr = order < ntr
     return keys[order], is_tr, np.where(is_tr, order + s_pos, 0), np.where(is_tr, 0, order - ntr), shi
+
+
+def compiled(fn):
+    """numba's `njit` with its on-disk cache (NUMBA_CACHE_DIR), or without it where numba cannot cache: code
+    imported from a zip (spark-submit --py-files) has no cache locator, so it is compiled in each process."""
+    import numba
+
+    try:
+        return numba.njit(cache=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
+        return numba.njit(cache=False)(fn)
+
+
+def reserve(grow: Grow, k: int) -> np.ndarray:
+    """Room for k more values in `grow`; returns its buffer, to be written at [grow.n, grow.n + k)."""
+    if grow.n + k > len(grow._buf):
+        new = np.zeros(max(2 * len(grow._buf), grow.n + k, 16), dtype=np.int64)
+        new[: grow.n] = grow._buf[: grow.n]
+        grow._buf = new
+    return grow._buf
+
+
+def reserve_rows(table: Table, k: int) -> None:
+    """Room for k more rows in `table`'s columns, to be written in place at [table.n, table.n + k)."""
+    cap = len(table.cols["msg"])
+    if table.n + k > cap:
+        cap = max(2 * cap, table.n + k, 64)
+        for name, arr in table.cols.items():
+            new = np.zeros(cap, dtype=arr.dtype)
+            new[: table.n] = arr[: table.n]
+            table.cols[name] = new

@@ -1,4 +1,4 @@
-"""The vectorized Kafka kernel against the reference interpreter (SPEC §9), and chunked against one pass.
+"""The compiled Kafka kernel against the reference interpreter (SPEC §9), and chunked against one pass.
 
 A failing case prints the trace and policy; `@reproduce_failure` lines from Hypothesis replay it.
 """

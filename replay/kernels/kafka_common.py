@@ -1,0 +1,62 @@
+"""Constants and log helpers shared by the modules of the `kafka` kernel (`replay/kernels/kafka.py`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.kernels.kafka_steady import MsgState
+from schemas.trace import Kind
+
+MS = 1000
+# Position of an event within its instant (SPEC §2.2): trace kinds 0-8, then derived events.
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+C_FENCE, C_TICK, C_CLIENT, C_RETRY = 9, 10, 11, 12
+WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED, MsgState.ACKED,
+                                            MsgState.FAILED)
+PENDING_COLS = {
+    "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
+    "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
+    "vis": np.int64,
+    # carried untouched to the outputs (PartitionEvents.payload)
+    "pid": np.int64, "part": np.int64, "keyid": np.int64,
+}
+PAYLOAD = ("pid", "part", "keyid")
+COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
+
+
+def key(ts, code):
+    """Events sort by ts, then by their position within the instant (SPEC §2.2)."""
+    return ts * 16 + code
+
+
+def prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
+    """The first `length` entries of a log given as (epoch, start, end) runs."""
+    out = []
+    for e, s, end in runs:
+        if s >= length:
+            break
+        out.append([e, s, min(end, length)])
+    return out
+
+
+def common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
+    """Length of the prefix two logs share: same leader epoch at every offset (KIP-101/279)."""
+    i = j = 0
+    pos = 0
+    while i < len(a) and j < len(b):
+        ea, _, na = a[i]
+        eb, _, nb = b[j]
+        if ea != eb:
+            return pos
+        end = min(na, nb)
+        pos = end
+        if na == end:
+            i += 1
+        if nb == end:
+            j += 1
+    return pos
+
+
+def runs_array(runs: list[list[int]]) -> np.ndarray:
+    """Runs as an (n, 3) int64 array (`replay.results.runs_contain`)."""
+    return np.array(runs, dtype=np.int64).reshape(-1, 3)

@@ -1,0 +1,148 @@
+"""The `kafka` kernel's outputs: per-instant timeline rows and availability, message records, deadlines and the
+hand-over of settled messages."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.kernels import kafka_steady as steady
+from replay.kernels.kafka_common import (
+    ACKED,
+    APPENDED,
+    FAILED,
+    MS,
+    PAYLOAD,
+    runs_array,
+)
+from replay.kernels.kafka_steady import INF
+from replay.policies import Acks
+from replay.results import (
+    MessageRecords,
+    StateRow,
+    runs_contain,
+)
+from schemas.outcomes import NULL_US, Error, Status
+
+
+class KafkaOutputs:
+    """Part of `KafkaPartitionReplay` (replay/kernels/kafka.py), which holds the state these methods use."""
+
+    # ---------------------------------------------------------------------------- instants and records
+    def _state_row(self, t: int, leo: int | None = None, hw: int | None = None) -> StateRow:
+        ldr = self.leader
+        if ldr < 0:
+            return StateRow(t, None, self.epoch, tuple(self.isr), None, None)
+        if (not self.up[self.ix[ldr]] or self.must_register[self.ix[ldr]]) and self.down_pub is not None:
+            return StateRow(t, ldr, self.epoch, tuple(self.isr), *self.down_pub)
+        return StateRow(t, ldr, self.epoch, tuple(self.isr), int(self.log_len[self.ix[ldr]]) if leo is None else leo,
+                        self.hw if hw is None else hw)
+
+    def _avail(self) -> tuple[bool, int]:
+        srv = self._serving()
+        if srv < 0:
+            return True, INF
+        if self.acks is not Acks.ALL:
+            return False, INF
+        if self._serving_view_size() < self.min_isr:
+            return True, INF
+        hw = self._serving_hw()
+        if hw >= self.log_len[self.ix[srv]]:
+            return False, INF
+        return False, self._app_at(srv, hw) + self.p.request_timeout_ms * MS
+
+    def _clock(self, t: int) -> None:
+        """Moving to time t closes the current instant: record its end state."""
+        if t > self.cur_t:
+            self._end_instant(self.cur_t, self._state_row(self.cur_t), *self._avail())
+            self.cur_t = t
+
+    def _end_instant(self, t: int, row: StateRow, blocked: bool, stall_from: int) -> None:
+        last = self.last_row
+        if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) != (
+                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
+            self._emit_row(row)
+        if self.av_prev is not None:
+            self._close_avail(t)
+        self.av_prev = (t, blocked, stall_from)
+
+    def _emit_row(self, row: StateRow) -> None:
+        """Coalesce as `replay.results.coalesce_states`: every control change and the last row of each window."""
+        last = self.last_row
+        control = last is None or row.control_key() != last.control_key()
+        cand = self.row_cand
+        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
+            self.rows_out.append(cand)
+        self.row_cand = None
+        if control:
+            self.rows_out.append(row)
+        else:
+            self.row_cand = row
+        self.last_row = row
+
+    def _close_avail(self, t_end: int) -> None:
+        t0, blocked, stall_from = self.av_prev
+        if blocked:
+            self.unavail.append((t0, t_end))
+        elif stall_from < t_end:
+            self.unavail.append((max(t0, stall_from), t_end))
+
+    def _records(self, mask: np.ndarray) -> MessageRecords:
+        c = self.pend
+        st = c["state"][mask]
+        status = np.where(st == ACKED, Status.ACKED, np.where(st == FAILED, Status.FAILED, Status.PENDING))
+        rec = MessageRecords(
+            c["msg"][mask].copy(), c["prod"][mask].copy(), status.astype(np.int8), c["err"][mask].copy(),
+            c["ack"][mask].copy(), c["vis"][mask].copy(), c["pe"][mask].copy(), c["po"][mask].copy(),
+        )
+        rec.payload = {name: c[name][mask].copy() for name in PAYLOAD}
+        return rec
+
+    def drain_settled(self) -> list[MessageRecords]:
+        """Messages whose outcome is settled (all but fate), handed over so a caller may spill them to disk."""
+        out, self.done = self.done, []
+        return out
+
+    # =================================================================================== deadlines
+    def _resolve_deadlines(self, t: int) -> None:
+        """Messages whose delivery deadline passed (before t) fail; the error reflects the state then."""
+        if self.acks is Acks.ZERO or self.pend.n == 0:
+            return
+        if not steady.any_due(self.pend.cols["state"], self.pend.cols["dead"], self.pend.n, t):
+            return
+        st = self.pend.cols["state"][: self.pend.n]
+        due = (st <= APPENDED) & (self.pend["dead"] < t)
+        rows = np.flatnonzero(due)
+        srv = self._serving()
+        other = Error.NOT_ENOUGH_REPLICAS if srv >= 0 and self._refusing() else Error.NO_LEADER
+        err = np.where(st[rows] == APPENDED, Error.REQUEST_TIMEOUT, other).astype(np.int8)
+        self.pend.cols["err"][rows] = err
+        st[rows] = FAILED
+        # drop their scheduled retries
+        if len(self.sched_row):
+            keep = ~np.isin(self.sched_row, rows)
+            self.sched_key, self.sched_row = self.sched_key[keep], self.sched_row[keep]
+        self._compact()
+
+    def _compact(self) -> None:
+        """Hand settled messages to the output: acknowledged or failed, and visible or held by no replica."""
+        n = self.pend.n
+        if n < 4096:
+            return
+        st, vis, pe, po = self.pend["state"], self.pend["vis"], self.pend["pe"], self.pend["po"]
+        settled = (st >= ACKED) & (vis != NULL_US)
+        maybe = (st >= ACKED) & (vis == NULL_US)
+        if maybe.any():
+            alive = np.zeros(n, dtype=bool)
+            for runs in self.runs:
+                alive |= runs_contain(runs_array(runs), pe, po)
+            settled |= maybe & ~alive
+        if self.extra:  # retried messages keep their rows until the end (rare)
+            settled &= ~np.isin(self.pend["msg"], np.array([m for m, _, _ in self.extra], dtype=np.int64))
+        if settled.sum() < n // 2:
+            return
+        self.done.append(self._records(settled))
+        remap = self.pend.keep(~settled)
+        if len(self.sched_row):
+            self.sched_row = remap[self.sched_row]
+            ok = self.sched_row >= 0
+            self.sched_key, self.sched_row = self.sched_key[ok], self.sched_row[ok]

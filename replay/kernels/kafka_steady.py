@@ -1,0 +1,331 @@
+"""The compiled steady path of the `kafka` kernel (SPEC §3.1-3.2): one event at a time between control points.
+
+Between two control points (faults, fencing deadlines, ISR check ticks, client switches, ISR expansions) the
+partition's leader, ISR, serving broker and refusal do not change. `steady` applies the produce and replicate
+events and the scheduled NotEnoughReplicas retries of such a stretch in (ts, kind) order as the reference
+interpreter would (`KafkaReference._produce`, `_attempt`, `_append`, `_replicate`, `_recompute_hw`), with the
+carried state in arrays, and returns to Python at the end of the stretch or right after the report that expands
+the ISR (rule 7, a control change). It also closes the instants it passes (timeline rows, availability).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from replay.kernels._arrays import compiled
+from schemas.outcomes import NULL_US
+from schemas.trace import Kind
+
+INF = np.iinfo(np.int64).max // 64
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+DUR_CAP = 128  # durability buckets per replica before the ones surely on disk are folded
+
+
+class MsgState(IntEnum):
+    """A pending message's state (as the reference's `Msg.state`)."""
+
+    WAITING = 0  # no broker serves clients: retried at the next client switch
+    REFUSED = 1  # NotEnoughReplicas (rule 3), a retry is due after the backoff
+    APPENDED = 2  # in the serving broker's log, waiting for the high watermark (acks=all)
+    ACKED = 3
+    FAILED = 4
+
+
+class FlushCode(IntEnum):
+    """How `durable_at` computes when a write reaches the disk (SPEC §3.1 flush rule)."""
+
+    SYNC = 0
+    OS = 1  # no fsync: the OS writes back pages older than the expiry every period
+    INTERVAL = 2
+
+
+class AckCode(IntEnum):
+    ZERO = 0
+    ONE = 1
+    ALL = 2
+
+
+# Integer constants for the compiled code (numba reads module globals as compile-time constants).
+_WAITING, _REFUSED, _APPENDED, _ACKED = (int(MsgState.WAITING), int(MsgState.REFUSED), int(MsgState.APPENDED),
+                                         int(MsgState.ACKED))
+_SYNC, _OS = int(FlushCode.SYNC), int(FlushCode.OS)
+_ZERO, _ONE, _ALL = int(AckCode.ZERO), int(AckCode.ONE), int(AckCode.ALL)
+
+# Indices of the carried scalars in `sc` (read and written back by `steady`).
+(S_HW, S_ZHW, S_ZSTALL, S_CUR_T, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N,
+ S_EP_N, S_PEND_N, S_POS, S_SCHED_POS, S_APPENDED, S_EXPAND, S_NROWS, S_NUNAV, S_NEXTRA, S_NHW) = range(21)
+N_SCALARS = 21
+# Indices of the per-stretch constants in `cf`.
+(F_S_HI, F_SCHED_HI, F_LI, F_SI, F_SRV_LEADER, F_SRV_OK, F_REFUSING, F_ACKS, F_L_OK, F_HW_MOVES, F_EPOCH,
+ F_EPOCH_START, F_DELIVERY, F_TIMEOUT, F_WINDOW, F_ZOMBIE, F_ZOMBIE_ALONE, F_BLOCKED, F_SERIES, F_FLUSH,
+ F_PERIOD, F_EXPIRE) = range(22)
+N_CONSTANTS = 22
+
+
+@compiled
+def durable_at(t, flush, period, expire):
+    """When an entry written at t is on disk (as `KafkaReference._durable_at`)."""
+    if flush == _SYNC:
+        return t
+    if flush == _OS:
+        return -(-(t + expire) // period) * period
+    return -(-t // period) * period
+
+
+@compiled
+def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expire):
+    """Replica i's log reached `length` at time t: keep it per durability bucket for a power loss (SPEC §3.1)."""
+    if flush == _SYNC:
+        flushed_all[i] = max(flushed_all[i], length)
+        return
+    n = dur_n[i]
+    # the last bucket, if t falls in it (most writes): its flush tick is the first at or after t (+ expiry)
+    if n > 0 and dur_d[i, n - 1] - period < t + (expire if flush == _OS else 0) <= dur_d[i, n - 1]:
+        dur_len[i, n - 1] = max(dur_len[i, n - 1], length)
+        return
+    d = durable_at(t, flush, period, expire)
+    if n == dur_d.shape[1]:  # fold the buckets surely on disk by now: a later power loss keeps them
+        k = 0
+        for j in range(n):
+            if dur_d[i, j] < t:
+                flushed_all[i] = max(flushed_all[i], dur_len[i, j])
+            else:
+                dur_d[i, k], dur_len[i, k] = dur_d[i, j], dur_len[i, j]
+                k += 1
+        n = k
+    dur_d[i, n], dur_len[i, n] = d, length
+    dur_n[i] = n + 1
+
+
+@compiled
+def _in_runs(runs, epoch, offset):
+    """Whether the log given as (epoch, start, end) runs holds position (epoch, offset)."""
+    for k in range(runs.shape[0]):
+        if runs[k, 1] <= offset < runs[k, 2]:
+            return runs[k, 0] == epoch
+    return False
+
+
+@compiled
+def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s_keyid, sched_key, sched_row,
+           msg, prod, size, dead, state, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
+           log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
+           lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out):
+    """Apply the due stream events of one steady stretch (see the module docstring). Returns nothing: the
+    carried scalars are in `sc`, outputs in the *_out buffers with their counts in `sc`."""
+    hw, zhw, zstall, cur_t = sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T]
+    lead_n, cum_n, ep_n, pend_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N]
+    i_s, i_r = sc[S_POS], sc[S_SCHED_POS]
+    s_hi, r_hi = cf[F_S_HI], cf[F_SCHED_HI]
+    li, si = cf[F_LI], cf[F_SI]
+    srv_leader, srv_ok, refusing, acks = cf[F_SRV_LEADER] == 1, cf[F_SRV_OK] == 1, cf[F_REFUSING] == 1, cf[F_ACKS]
+    l_ok, hw_moves, epoch, epoch_start = cf[F_L_OK] == 1, cf[F_HW_MOVES] == 1, cf[F_EPOCH], cf[F_EPOCH_START]
+    delivery, timeout, window = cf[F_DELIVERY], cf[F_TIMEOUT], cf[F_WINDOW]
+    zombie, zombie_alone, blocked, series = cf[F_ZOMBIE] == 1, cf[F_ZOMBIE_ALONE] == 1, cf[F_BLOCKED] == 1, \
+        cf[F_SERIES] == 1
+    flush, period, expire = cf[F_FLUSH], cf[F_PERIOD], cf[F_EXPIRE]
+    n_rep = log_len.shape[0]
+    appends = 0  # acks=0 is never refused (rule 3 is for acks=all): every arrival is appended when served
+    takes = srv_ok and (not refusing or acks == _ZERO)
+    # offset -> pending row, for the leader's log from the high watermark up (rules 4, 12)
+    base = min(hw, log_len[li]) if li >= 0 else 0  # a leader may hold less than the high watermark (rule 9)
+    orow = np.full((log_len[li] - base if li >= 0 else 0) + (s_hi - i_s) + (r_hi - i_r) + 1, -1, dtype=np.int64)
+    if li >= 0:
+        for r in range(pend_n):
+            o = po[r]
+            if pe[r] >= 0 and hw <= o < log_len[li] and _in_runs(lead_runs, pe[r], o):
+                orow[o - base] = r
+    n_rows, n_unav, n_extra, n_hw = 0, 0, 0, 0
+    closed = 0
+    prev_leo, prev_hw = -1, -1
+    expand = -1
+    while True:
+        kt = s_key[i_s] if i_s < s_hi else INF
+        kr = sched_key[i_r] if i_r < r_hi else INF
+        if kt == INF and kr == INF:
+            break
+        trace = kt <= kr  # trace events first on equal keys
+        arrival = True
+        t = (kt if trace else kr) // 16
+        if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
+            leo_c = log_len[li] if li >= 0 else 0
+            if closed == 0 or not series:
+                if closed == 0:
+                    row_out[0, 0], row_out[0, 1], row_out[0, 2] = cur_t, leo_c, hw
+                    n_rows = 1
+            elif leo_c != prev_leo or hw != prev_hw:
+                # only each window's last change can survive coalescing (`replay.results.coalesce_states`)
+                if n_rows > 1 and row_out[n_rows - 1, 0] // window == cur_t // window:
+                    n_rows -= 1
+                row_out[n_rows, 0], row_out[n_rows, 1], row_out[n_rows, 2] = cur_t, leo_c, hw
+                n_rows += 1
+            prev_leo, prev_hw = leo_c, hw
+            closed += 1
+            stall = INF
+            if not blocked and acks == _ALL:
+                if srv_leader:
+                    if hw < log_len[li]:
+                        stall = lead_app[hw] + timeout  # the oldest entry waiting for the high watermark
+                elif zhw < log_len[si]:
+                    stall = zstall
+            if sc[S_AV_HAS] == 1:  # the availability of the instant before ends here
+                lo, hi = INF, 0
+                if sc[S_AV_BLOCKED] == 1:
+                    lo, hi = sc[S_AV_T], cur_t
+                elif sc[S_AV_STALL] < cur_t:
+                    lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
+                if lo < hi:
+                    if n_unav > 0 and lo <= unav_out[n_unav - 1, 1]:
+                        unav_out[n_unav - 1, 1] = max(unav_out[n_unav - 1, 1], hi)
+                    else:
+                        unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
+                        n_unav += 1
+            sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
+            cur_t = t
+        if trace:
+            j = i_s
+            i_s += 1
+            if s_code[j] == C_REPLICATE:  # ------------------------------------------ rule 5: a report
+                b = s_rep[j]
+                if not l_ok or b < 0 or not ok_rep[b]:
+                    continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
+                leo = log_len[li]
+                old = log_len[b]
+                # The count of the leader's entries appended by upto, if above the follower's log end (a report
+                # never shrinks a follower's log): append times never decrease in a log, so a scan from the log
+                # end finds it in time proportional to the entries it copies.
+                new_len = old
+                while new_len < min(leo, lead_n) and lead_app[new_len] <= s_upto[j]:
+                    new_len += 1
+                if new_len > old:
+                    sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
+                    wrote(b, t, new_len, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
+                log_len[b] = new_len
+                fetched[b] = new_len
+                lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
+                arrival = False
+                if not in_isr[b]:
+                    expand = b  # checked against the high watermark below
+            else:  # -------------------------------------------------------- rules 3-4: a new message
+                r = pend_n
+                pend_n += 1
+                msg[r], prod[r], size[r], dead[r] = s_msg[j], t, s_size[j], t + delivery
+                state[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, t, 0, -1, -1
+                req[r], ack[r], vis[r] = INF, NULL_US, NULL_US
+                pid[r], part[r], keyid[r] = s_pid[j], s_part[j], s_keyid[j]
+        else:  # --------------------------------------------------------- a NotEnoughReplicas retry (rule 3)
+            r = sched_row[i_r]
+            i_r += 1
+        if arrival:  # ------------------------------------------------------------ an attempt (rules 3-4)
+            if acks == _ZERO:
+                state[r], ack[r] = _ACKED, t  # counted as sent when it leaves (rule 4)
+            elif not srv_ok:
+                state[r] = _WAITING
+            elif refusing:
+                state[r], anchor[r] = _REFUSED, t
+                nref[r] += 1
+            if takes:
+                off = log_len[si]
+                if pe[r] >= 0:  # appended again: the earlier copy may survive, it is judged too
+                    extra_out[n_extra, 0], extra_out[n_extra, 1], extra_out[n_extra, 2] = msg[r], pe[r], po[r]
+                    n_extra += 1
+                pe[r], po[r] = epoch, off
+                ep_app[ep_n], ep_size[ep_n] = t, size[r]
+                ep_n += 1
+                appends += 1
+                log_len[si] = off + 1
+                wrote(si, t, off + 1, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
+                if srv_leader:
+                    lead_app[lead_n] = t
+                    lead_n += 1
+                    lead_cum[cum_n] = lead_cum[cum_n - 1] + size[r]
+                    cum_n += 1
+                    orow[off - base] = r
+                if acks != _ZERO:
+                    state[r], req[r] = _APPENDED, t
+                    if acks == _ONE:
+                        state[r], ack[r] = _ACKED, t
+                if zombie:
+                    if zombie_alone:  # a zombie whose ISR was itself alone commits on its own (rule 10)
+                        zhw = off + 1
+                        if vis[r] == NULL_US:
+                            vis[r] = t
+                        if acks == _ALL:
+                            state[r], ack[r] = _ACKED, t
+                    elif off == zhw:
+                        zstall = t + timeout
+        if hw_moves:  # ------------------------------------ rule 4: high watermark = min log end over the ISR
+            cand = log_len[li]
+            for b in range(n_rep):
+                if in_view[b] and b != li:
+                    cand = min(cand, fetched[b])
+            if cand > hw:
+                for o in range(hw, cand):  # rule 12 visibility; acks=all requests held by the leader
+                    r = orow[o - base]
+                    if r < 0:
+                        continue
+                    if vis[r] == NULL_US:
+                        vis[r] = t
+                    if srv_leader and acks == _ALL:
+                        ack_t = max(t, req[r])
+                        if state[r] == _APPENDED and ack_t <= dead[r]:
+                            state[r], ack[r] = _ACKED, ack_t
+                hw_out[n_hw, 0], hw_out[n_hw, 1] = t, cand
+                n_hw += 1
+                hw = cand
+        if expand >= 0:
+            # Rule 7 with SPEC §3.7 K-5: rejoin once the log end reaches the high watermark and the epoch start.
+            if log_len[expand] >= hw and log_len[expand] >= epoch_start:
+                break
+            expand = -1
+    sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T] = hw, zhw, zstall, cur_t
+    sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N] = lead_n, cum_n, ep_n, pend_n
+    sc[S_POS], sc[S_SCHED_POS], sc[S_APPENDED], sc[S_EXPAND] = i_s, i_r, appends, expand
+    sc[S_NROWS], sc[S_NUNAV], sc[S_NEXTRA], sc[S_NHW] = n_rows, n_unav, n_extra, n_hw
+
+
+@compiled
+def merge_stream(b_ts, b_kind, b_rep, b_upto, p_ts, p_msg, p_size, p_pid, p_part, p_keyid):
+    """The chunk's stream events in SPEC §2.2 order, as key = ts·16 + kind: the reports of the partition's
+    replicas (`b_rep` >= 0) and the produce events, both already sorted by time (`PartitionEvents`), merged; a
+    sentinel key INF ends the arrays. Returns (key, code, replica, upto, msg, size, pid, part, keyid)."""
+    nr = 0
+    for j in range(len(b_ts)):
+        if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:
+            nr += 1
+    n = nr + len(p_ts)
+    key = np.empty(n + 1, dtype=np.int64)
+    code, rep, upto, msg, size = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                  np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                  np.zeros(n + 1, dtype=np.int64))
+    pid, part, keyid = (np.full(n + 1, -1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                        np.full(n + 1, -1, dtype=np.int64))
+    i, k, last = 0, 0, -1
+    for o in range(n):
+        while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
+            i += 1
+        kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
+        kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
+        if kb < kp:
+            key[o], code[o], rep[o], upto[o] = kb, C_REPLICATE, b_rep[i], b_upto[i]
+            i += 1
+        else:
+            key[o], code[o], msg[o], size[o] = kp, C_PRODUCE, p_msg[k], p_size[k]
+            pid[o], part[o], keyid[o] = p_pid[k], p_part[k], p_keyid[k]
+            k += 1
+        if key[o] < last:
+            raise ValueError("stream events out of time order")
+        last = key[o]
+    key[n] = INF
+    return key, code, rep, upto, msg, size, pid, part, keyid
+
+
+@compiled
+def any_due(state, dead, n, t):
+    """Whether a pending message's delivery deadline passed before t (a cheap test before the vectorized pass)."""
+    for r in range(n):  # noqa: SIM110 (a loop numba compiles, not a generator)
+        if state[r] <= _APPENDED and dead[r] < t:
+            return True
+    return False

@@ -1,0 +1,181 @@
+"""The `kafka` kernel's steady stretches: the compiled loop (`kafka_steady.steady`) called with the state it
+needs, and its effects on the Python-held state (logs as runs, timeline rows, availability, ISR expansion)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.kernels import kafka_steady as steady
+from replay.kernels._arrays import Grow, reserve, reserve_rows
+from replay.kernels.kafka_common import (
+    COMPACT_AT,
+    MS,
+    prefix_runs,
+    runs_array,
+)
+from replay.kernels.kafka_steady import INF, AckCode
+from replay.policies import Acks
+from replay.results import (
+    StateRow,
+    runs_contain,
+)
+from schemas.outcomes import NULL_US
+
+
+class KafkaStretches:
+    """Part of `KafkaPartitionReplay` (replay/kernels/kafka.py), which holds the state these methods use."""
+
+    # ================================================================================== steady stretches
+    def _stream(self, limit_key: int) -> None:
+        """Process produce/replicate events and scheduled retries with keys below `limit_key`."""
+        while True:
+            hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
+            shi = int(np.searchsorted(self.sched_key, limit_key, side="left"))
+            if hi <= self.s_pos and shi == 0:
+                return
+            self._steady(hi, shi)
+            # loop: an ISR expansion may have cut the stretch or scheduled retries before limit_key
+
+    def _steady(self, hi: int, shi: int) -> None:
+        """One steady stretch in compiled code (`kafka_steady.steady`), then its effects on the Python-held state."""
+        due = hi - self.s_pos + shi
+        ldr, srv = self.leader, self._serving()
+        li = self.ix[ldr] if ldr >= 0 else -1
+        si = self.ix[srv] if srv >= 0 else -1
+        view = self._view()
+        n = len(self.order)
+        l_up = ldr >= 0 and bool(self.up[li]) and not self.must_register[li]
+        zombie = srv >= 0 and self._is_zombie_target()
+        refusing = srv >= 0 and self._refusing()
+        acks = {Acks.ZERO: AckCode.ZERO, Acks.ONE: AckCode.ONE, Acks.ALL: AckCode.ALL}[self.acks]
+        epoch = self._serving_epoch() if srv >= 0 else -1
+        new_epoch = srv >= 0 and epoch not in self.epochs
+        if srv >= 0:
+            ep_start, ep_app, ep_size = (int(self.log_len[si]), Grow(), Grow()) if new_epoch else self.epochs[epoch]
+        else:
+            ep_start, ep_app, ep_size = 0, Grow(), Grow()
+        cf = np.array([
+            hi, shi, li, si, int(srv >= 0 and srv == ldr), int(srv >= 0), int(refusing), int(acks),
+            int(ldr >= 0 and self._eligible(ldr)), int(l_up and not self.unaware and not self._frozen(len(view))),
+            epoch, self.epoch_start, self.p.delivery_timeout_ms * MS, self.p.request_timeout_ms * MS, self.window_us,
+            int(zombie), int(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
+            int(srv < 0 or refusing), int(l_up), *self.flush], dtype=np.int64)
+        av = self.av_prev or (0, False, INF)
+        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
+        sc[[steady.S_HW, steady.S_ZHW, steady.S_ZSTALL, steady.S_CUR_T, steady.S_AV_HAS, steady.S_AV_T,
+            steady.S_AV_BLOCKED, steady.S_AV_STALL, steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_PEND_N,
+            steady.S_POS]] = [
+            self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
+            int(self.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n, ep_app.n,
+            self.pend.n, self.s_pos]
+        reserve_rows(self.pend, due)
+        c = self.pend.cols
+        in_view = np.array([b in view for b in self.order], dtype=bool)
+        in_isr = np.array([b in self.isr for b in self.order], dtype=bool)
+        ok_rep = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
+        lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        if len(self.scratch[0]) <= due:  # output buffers, kept across stretches: at most one row per event
+            cap = max(2 * len(self.scratch[0]), due + 1)
+            self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (3, 2, 3, 2))
+        rows, unav, extra, hw_ch = self.scratch
+        grow_from = self.log_len.copy()
+        old_hw = self.hw
+        p = self.s_payload
+        steady.steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, p["pid"],
+                      p["part"], p["keyid"], self.sched_key, self.sched_row, c["msg"], c["prod"], c["size"],
+                      c["dead"], c["state"], c["anchor"], c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"],
+                      c["pid"], c["part"], c["keyid"], self.log_len, self.fetched, self.lcu, self.flushed_all,
+                      self.dur_d, self.dur_len, self.dur_n, ok_rep, in_isr, in_view, lead_runs,
+                      reserve(self.lead_app, due), reserve(self.lead_cum, due), reserve(ep_app, due),
+                      reserve(ep_size, due), rows, unav, extra, hw_ch)
+        # ----- the carried scalars and the growable arrays back
+        self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
+        if zombie:
+            self.zombie["hw"] = int(sc[steady.S_ZHW])
+        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
+        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
+        ep_app.n = ep_size.n = int(sc[steady.S_EP_N])
+        self.pend.n = int(sc[steady.S_PEND_N])
+        self.s_pos = int(sc[steady.S_POS])
+        took = int(sc[steady.S_SCHED_POS])
+        self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
+        # ----- logs as runs: the serving broker's appends (one epoch), then followers as prefixes of the leader's
+        k = int(sc[steady.S_APPENDED])
+        if k:
+            if new_epoch:
+                self.epochs[epoch] = (ep_start, ep_app, ep_size)
+            start, runs = int(self.log_len[si]) - k, self.runs[si]
+            assert self.epochs[epoch][0] + ep_app.n == start + k, "an epoch's leader appends contiguously"
+            if runs and runs[-1][0] == epoch and runs[-1][2] == start:
+                runs[-1][2] = start + k
+            else:
+                runs.append([epoch, start, start + k])
+        for i in range(n):
+            if i not in (li, si) and self.log_len[i] > grow_from[i]:
+                self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
+        nx = int(sc[steady.S_NEXTRA])
+        if nx:
+            self.extra.extend(map(tuple, extra[:nx].tolist()))
+        nh = int(sc[steady.S_NHW])
+        if nh and self.extra and ldr >= 0:
+            self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
+        # ----- closed instants: timeline rows and availability
+        for t, leo, hw in (rows[: int(sc[steady.S_NROWS])].tolist()):
+            row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw) if l_up else self._state_row(t)
+            last = self.last_row
+            if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) != (
+                    last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
+                self._emit_row(row)
+        self.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
+        if sc[steady.S_AV_HAS]:
+            self.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
+        if self.pend.n >= COMPACT_AT:
+            self._compact()  # settled messages leave the pending table (it bounds the next stretch's scans)
+        b = int(sc[steady.S_EXPAND])
+        if b >= 0:  # rule 7: the report that brought b up to the high watermark ends the stretch
+            t = self.cur_t
+            self._resolve_deadlines(t)  # deadlines before the expansion saw the state before it
+            self._expand(t, self.order[b])
+            self._reschedule_pool(t)
+
+
+    def _append_entries(self, si: int, epoch: int, app_ts: np.ndarray, sizes: np.ndarray,
+                        offsets: np.ndarray) -> None:
+        if epoch not in self.epochs:
+            self.epochs[epoch] = (int(offsets[0]), Grow(), Grow())
+        start, app, size = self.epochs[epoch]
+        assert start + len(app) == offsets[0], "an epoch's leader appends contiguously"
+        app.extend(app_ts)
+        size.extend(sizes)
+        runs = self.runs[si]
+        end = int(offsets[-1]) + 1
+        if runs and runs[-1][0] == epoch and runs[-1][2] == offsets[0]:
+            runs[-1][2] = end
+        else:
+            runs.append([epoch, int(offsets[0]), end])
+        self.log_len[si] = end
+        self._wrote(si, int(app_ts[-1]), int(offsets[-1]) + 1)  # one instant: one durability bucket
+        if self.order[si] == self.leader:
+            self.lead_app.extend(app_ts)
+            self.lead_cum.extend(self.lead_cum.view[-1] + np.cumsum(sizes))
+
+    def _move_positions(self, rows: np.ndarray) -> None:
+        """A message appended again keeps its earlier position for judging fate (a copy may survive)."""
+        pe, po, msg = self.pend.cols["pe"], self.pend.cols["po"], self.pend.cols["msg"]
+        had = rows[pe[rows] >= 0]
+        for r in had:
+            self.extra.append((int(msg[r]), int(pe[r]), int(po[r])))
+
+    def _extra_visible(self, broker: int, lo: int, hi: int, ts=None, hw=None, t: int | None = None) -> None:
+        """Visibility through an earlier copy of a retried message (rare)."""
+        if not self.extra:
+            return
+        runs = runs_array(self.runs[self.ix[broker]])
+        msg_rows = {int(m): r for r, m in enumerate(self.pend["msg"])}
+        for m, e, o in self.extra:
+            r = msg_rows.get(m)
+            if r is None or self.pend.cols["vis"][r] != NULL_US or not (lo <= o < hi):
+                continue
+            if runs_contain(runs, np.array([e]), np.array([o]))[0]:
+                when = t if t is not None else int(ts[min(int(np.searchsorted(hw, o, side="right")), len(ts) - 1)])
+                self.pend.cols["vis"][r] = when
