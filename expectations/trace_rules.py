@@ -1,15 +1,15 @@
-"""The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk, without Spark.
+"""The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk: their one definition.
 
-A sweep generates every seed's trace inside a Spark task (`engine/sweep.py`), where there is no Spark
-to run `expectations.trace_gate.annotate` on. This is the same rule set, named by the same `RULES`, evaluated
-with numpy over the chunks of one trace in file order, with each broker's state carried from one chunk to the
-next (down, isolated, incarnation, the largest applied upto_us since the last restart) and the msg_ids seen so
-far. tests/expectations/test_trace_rules.py checks that it flags exactly the rows the Spark gate flags.
+The Spark gate (`expectations.trace_gate.annotate`) runs them in `mapInArrow` tasks, and a sweep runs them on
+every seed's trace inside its Spark task (`engine/sweep.py`). They are evaluated with numpy over the chunks of
+one trace, with each broker's state carried from one chunk to the next (down, isolated, incarnation, the
+largest applied upto_us since the last restart) and the msg_ids seen so far.
 
-Order: within a chunk, a broker's rows are taken in (ts_us, SPEC §2.2 kind order, row) order, as the gate
-orders by (ts_us, kind order, file, row); chunks are taken in file order, which is time order for generated
-traces (SPEC §8 output layout). Unlike the Spark gate, no GX suite runs here: the counts are the result, and the
-sweep's output gate runs once on the sweep's results.
+Order: within a chunk, a broker's rows are taken in (ts_us, SPEC §2.2 kind order, row) order and produce rows in
+row order; chunks are taken in their order. The Spark gate hands each task its rows sorted so that this is
+(ts_us, kind order, file, row) per broker and (file, row) for produce rows; a sweep hands the chunks in file
+order, which is time order for generated traces (SPEC §8 output layout). Unlike the Spark gate, no GX suite runs
+here: the counts are the result, and the sweep's output gate runs once on the sweep's results.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class ChunkVerdict:
     fatal: np.ndarray  # bool per row
     quarantine: np.ndarray  # bool per row
     counts: dict[str, int]
+    flags: dict[str, np.ndarray]  # rule name -> bool per row
+    #: Per broker row: the largest upto_us of the applied reports before it in its broker's incarnation, where
+    #: `has_prev_max_upto`; what an `upto-decreasing` row is reported with.
+    prev_max_upto: np.ndarray
+    has_prev_max_upto: np.ndarray
 
 
 @dataclass
@@ -86,7 +91,10 @@ class TraceRules:
         flags["replicate-without-upto"] = replicate & upto_null
         flags["upto-after-ts"] = replicate & ~upto_null & ~ts_null & (upto > ts)
         flags["msg-id-duplicate"] = self._duplicates(produce & ~msg_null, msg)
-        self._broker_rules(flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate)
+        prev_max_upto = np.zeros(n, dtype=np.int64)
+        has_prev = np.zeros(n, dtype=bool)
+        self._broker_rules(flags, (prev_max_upto, has_prev), code, ts, ts_null, broker, broker_null, upto, upto_null,
+                           produce)
 
         counts = {name: int(f.sum()) for name, f in flags.items()}
         for name, c in counts.items():
@@ -98,7 +106,7 @@ class TraceRules:
                 fatal |= flags[r.name]
             else:
                 quarantine |= flags[r.name]
-        return ChunkVerdict(fatal, quarantine, counts)
+        return ChunkVerdict(fatal, quarantine, counts, flags, prev_max_upto, has_prev)
 
     def _duplicates(self, has_id: np.ndarray, msg: np.ndarray) -> np.ndarray:
         """Every occurrence of a msg_id after its first one (file order), across chunks."""
@@ -117,8 +125,10 @@ class TraceRules:
         self._seen = np.union1d(self._seen, ids)
         return out
 
-    def _broker_rules(self, flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate):
+    def _broker_rules(self, flags, prev, code, ts, ts_null, broker, broker_null, upto, upto_null,
+                      produce):
         """The broker state machine of `trace_gate.annotate`, per broker in (ts, kind order, row) order."""
+        prev_max_upto, has_prev = prev
         rows = np.flatnonzero(~produce)
         if not len(rows):
             return
@@ -131,6 +141,8 @@ class TraceRules:
             state = self._brokers.setdefault(int(b), _BrokerState())
             for i in mine:
                 k = int(code[i])
+                if k != int(Kind.RESTART) and state.max_upto is not None:
+                    prev_max_upto[i], has_prev[i] = state.max_upto, True
                 if k == int(Kind.REPLICATE):
                     if state.down or state.isolated:
                         flags["replicate-while-unavailable"][i] = True
