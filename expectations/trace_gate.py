@@ -29,64 +29,24 @@ from pathlib import Path
 from typing import Any
 
 from expectations import runner
+from expectations.trace_rules import (  # the rules' one definition (SPEC §2.3), re-exported for the gate's users
+    FATAL,
+    QUARANTINE,
+    ROW_RULES,
+    RULES,
+    RULES_BY_NAME,
+    SCHEMA_RULES,
+    Rule,
+)
 from schemas.errors import BadInput
-from schemas.trace import EVENT_COLUMNS, KIND_LABELS, Kind, Manifest, TraceFiles
+from schemas.trace import EVENT_COLUMNS, Kind, Manifest, TraceFiles
 
-FATAL = "fatal"
-QUARANTINE = "quarantine"
 SUITE = "trace_gate"
 EVENT_NAMES: tuple[str, ...] = tuple(n for n, _ in EVENT_COLUMNS)
 LOCATION = ("_file", "_row")
 #: How many offending rows a rule keeps in the report (GX returns at most 200).
 FIRST_ROWS = runner.PARTIAL_ROWS
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One validity rule of SPEC §2.3. `detail` is formatted with the offending row (and `duration_us`,
-    `brokers`) to say what exactly is wrong."""
-
-    name: str
-    severity: str
-    description: str
-    detail: str
-
-    @property
-    def column(self) -> str:
-        return "r_" + self.name.replace("-", "_")
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("column-missing", FATAL, "a column of SPEC §2.1 is missing", "{detail}"),
-    Rule("column-type", FATAL, "a column has the wrong type", "{detail}"),
-    Rule("kind-unknown", FATAL, "unknown kind", "kind {kind!r} (known: " + ", ".join(KIND_LABELS) + ")"),
-    Rule("ts-out-of-range", FATAL, "ts_us outside [0, duration_us]",
-         "{kind} at ts_us {ts_us} is outside [0, {duration_us}]"),
-    Rule("broker-not-in-manifest", FATAL, "broker not in the manifest",
-         "{kind} of broker {broker} (manifest brokers: {brokers})"),
-    Rule("produce-without-msg-id", FATAL, "produce without msg_id", "produce at ts_us {ts_us} has no msg_id"),
-    Rule("size-not-positive", FATAL, "produce with size_bytes <= 0",
-         "produce msg_id {msg_id} has size_bytes {size_bytes}"),
-    Rule("msg-id-duplicate", FATAL, "duplicate msg_id",
-         "msg_id {msg_id} was already produced at {_first_file} row {_first_row}"),
-    Rule("replicate-without-upto", FATAL, "replicate without upto_us",
-         "replicate of broker {broker} at ts_us {ts_us} has no upto_us"),
-    Rule("upto-after-ts", FATAL, "upto_us > ts_us", "replicate of broker {broker}: upto_us {upto_us} > ts_us {ts_us}"),
-    Rule("restart-of-up-broker", FATAL, "restart of a broker that is up",
-         "restart of broker {broker} at ts_us {ts_us}, which is up"),
-    Rule("stop-of-down-broker", FATAL, "crash/power_loss/disk_loss/shutdown of a broker that is down",
-         "{kind} of broker {broker} at ts_us {ts_us}, which is already down"),
-    Rule("heal-of-unisolated-broker", FATAL, "heal of a broker that is not isolated",
-         "heal of broker {broker} at ts_us {ts_us}, which is not isolated"),
-    Rule("replicate-while-unavailable", QUARANTINE, "replicate for a broker that is down or isolated",
-         "replicate of broker {broker} at ts_us {ts_us} while it is down or isolated"),
-    Rule("upto-decreasing", QUARANTINE,
-         "replicate whose upto_us is below an earlier report of the same broker since its last restart",
-         "replicate of broker {broker} at ts_us {ts_us}: upto_us {upto_us} < {_prev_max_upto_us} reported before"),
-)
-RULES_BY_NAME = {r.name: r for r in RULES}
-SCHEMA_RULES = ("column-missing", "column-type")
-ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
 _SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString
 
 
@@ -510,3 +470,7 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
                         paths.json_path if paths is not None else None,
                         paths.html_path if paths is not None else None, report)
     return clean, result
+
+
+__all__ = ["FATAL", "QUARANTINE", "ROW_RULES", "RULES", "RULES_BY_NAME", "SCHEMA_RULES", "Rule", "annotate",
+           "check_trace_rules", "run_trace_gate"]

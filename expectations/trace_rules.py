@@ -20,8 +20,58 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from expectations.trace_gate import FATAL, QUARANTINE, ROW_RULES
 from schemas.trace import KIND_LABELS, STOP_KINDS, Kind, Manifest
+
+FATAL = "fatal"
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validity rule of SPEC §2.3. `detail` is formatted with the offending row (and `duration_us`,
+    `brokers`) to say what exactly is wrong."""
+
+    name: str
+    severity: str
+    description: str
+    detail: str
+
+    @property
+    def column(self) -> str:
+        return "r_" + self.name.replace("-", "_")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("column-missing", FATAL, "a column of SPEC §2.1 is missing", "{detail}"),
+    Rule("column-type", FATAL, "a column has the wrong type", "{detail}"),
+    Rule("kind-unknown", FATAL, "unknown kind", "kind {kind!r} (known: " + ", ".join(KIND_LABELS) + ")"),
+    Rule("ts-out-of-range", FATAL, "ts_us outside [0, duration_us]",
+         "{kind} at ts_us {ts_us} is outside [0, {duration_us}]"),
+    Rule("broker-not-in-manifest", FATAL, "broker not in the manifest",
+         "{kind} of broker {broker} (manifest brokers: {brokers})"),
+    Rule("produce-without-msg-id", FATAL, "produce without msg_id", "produce at ts_us {ts_us} has no msg_id"),
+    Rule("size-not-positive", FATAL, "produce with size_bytes <= 0",
+         "produce msg_id {msg_id} has size_bytes {size_bytes}"),
+    Rule("msg-id-duplicate", FATAL, "duplicate msg_id",
+         "msg_id {msg_id} was already produced at {_first_file} row {_first_row}"),
+    Rule("replicate-without-upto", FATAL, "replicate without upto_us",
+         "replicate of broker {broker} at ts_us {ts_us} has no upto_us"),
+    Rule("upto-after-ts", FATAL, "upto_us > ts_us", "replicate of broker {broker}: upto_us {upto_us} > ts_us {ts_us}"),
+    Rule("restart-of-up-broker", FATAL, "restart of a broker that is up",
+         "restart of broker {broker} at ts_us {ts_us}, which is up"),
+    Rule("stop-of-down-broker", FATAL, "crash/power_loss/disk_loss/shutdown of a broker that is down",
+         "{kind} of broker {broker} at ts_us {ts_us}, which is already down"),
+    Rule("heal-of-unisolated-broker", FATAL, "heal of a broker that is not isolated",
+         "heal of broker {broker} at ts_us {ts_us}, which is not isolated"),
+    Rule("replicate-while-unavailable", QUARANTINE, "replicate for a broker that is down or isolated",
+         "replicate of broker {broker} at ts_us {ts_us} while it is down or isolated"),
+    Rule("upto-decreasing", QUARANTINE,
+         "replicate whose upto_us is below an earlier report of the same broker since its last restart",
+         "replicate of broker {broker} at ts_us {ts_us}: upto_us {upto_us} < {_prev_max_upto_us} reported before"),
+)
+RULES_BY_NAME = {r.name: r for r in RULES}
+SCHEMA_RULES = ("column-missing", "column-type")
+ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
 
 _STOP_CODES = np.array(sorted(int(k) for k in STOP_KINDS), dtype=np.int16)
 _UNKNOWN = -1
