@@ -31,6 +31,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     # The sweep's marginal cost per seed against one replay core, and a 2-worker standalone cluster vs local[1].
     "sweep": ("bench.sweep_bench", ["--cluster-seeds", "40"], ["--seeds", "2,6", "--core-seeds", "2",
                                                                "--cluster-seeds", "6"]),
+    # Issue 15: `replab replay` of a 3-message trace (new and existing lakehouse) against a bare Spark session.
+    "fixed-cost": ("bench.fixed_cost_bench", ["--repeat", "2"], []),
     "dledger-vs-kafka": ("report.dledger_vs_kafka", [], []),
 }
 

@@ -13,7 +13,7 @@ A gate failure raises GateFailed (exit 3) with every run table at its previous v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +62,10 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
 
 
 def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: str, window_ms: int = 1000,
-            extra_checks: Sequence[NamedCheck] = ()) -> list[dict[str, Any]]:
-    """Gate and write one replay invocation; returns the run_summary rows (dicts, in `records` order)."""
+            extra_checks: Sequence[NamedCheck] = (),
+            progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Gate and write one replay invocation; returns the run_summary rows (dicts, in `records` order).
+    `progress` hears "output gate" and "Delta tables" as they start."""
     from pyspark.sql import functions as F
 
     tables = derive_tables(spark, results, window_ms)
@@ -72,9 +74,15 @@ def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: st
     outputs = RunOutputs(tables["message_outcomes"], tables["partition_states"], tables["loss_metrics"],
                          tables["run_summary"])
     try:
-        lakehouse.publish_runs(results.records, tables, gate=lambda: run_output_gate(
-            spark, outputs, trace_id=trace_id, run_ids=run_ids, lakehouse=lakehouse, produced_msg_ids=produced,
-            extra_checks=extra_checks))
+        step = progress or (lambda text: None)
+
+        def gate() -> None:
+            step("output gate")
+            run_output_gate(spark, outputs, trace_id=trace_id, run_ids=run_ids, lakehouse=lakehouse,
+                            produced_msg_ids=produced, extra_checks=extra_checks)
+            step("Delta tables")
+
+        lakehouse.publish_runs(results.records, tables, gate=gate)
         summaries = {r.run_id: r.asDict() for r in tables["run_summary"].collect()}
     finally:
         for df in tables.values():

@@ -276,6 +276,8 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     events = events.persist()
     tracker = None
     try:
+        if request.mlflow:
+            step("MLflow runs")
         tracker = start_tracker(request, manifest, runs, request.mode)
         step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
         frames = replay_frames(spark, manifest, events, runs, request.window_ms)
@@ -284,11 +286,11 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
                 run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
                 run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
                 frames.partition_states, frames.unavailability, events)
-            step("windows, output gate, Delta tables")
+            step("windows and summary")
             checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
                                        frames.control)
             summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id,
-                                window_ms=request.window_ms, extra_checks=checks)
+                                window_ms=request.window_ms, extra_checks=checks, progress=step)
         finally:
             frames.release()
         report = ReplayReport(manifest.trace_id, runs, summaries, str(lakehouse.root), gate.quarantined,

@@ -1,10 +1,10 @@
 """The trace quality gate: every validity rule of SPEC §2.3, as a Great Expectations suite over Spark.
 
-How a rule is checked: `annotate()` adds one boolean column per rule to the events (row rules are plain
-predicates; cross-row rules use window functions per broker over (ts_us, SPEC §2.2 same-instant kind order,
-file, row)); one Spark job counts each rule's flagged rows and keeps the first ones in file/row order, and the
-GX suite holds one expectation per rule asserting that its count is 0. So each rule has one definition (its
-column), and the quarantine split uses the very same columns. Fatal rules are GX severity `critical`,
+How a rule is checked: `annotate()` adds one boolean column per rule to the events, computed by the rules' one
+definition, `expectations.trace_rules.TraceRules` (Arrow, numpy), in `mapInArrow` tasks that see each broker's
+rows in (ts_us, SPEC §2.2 same-instant kind order, file, row) order; one Spark job counts each rule's flagged
+rows and keeps the first ones in file/row order, and the GX suite holds one expectation per rule asserting that
+its count is 0. The quarantine split uses the very same columns. Fatal rules are GX severity `critical`,
 quarantine rules `warning`; the column checks (missing column, wrong type) are GX expectations over the
 columns' types that run first, since nothing else can be computed without the columns.
 
@@ -29,64 +29,24 @@ from pathlib import Path
 from typing import Any
 
 from expectations import runner
+from expectations.trace_rules import (  # the rules' one definition (SPEC §2.3), re-exported for the gate's users
+    FATAL,
+    QUARANTINE,
+    ROW_RULES,
+    RULES,
+    RULES_BY_NAME,
+    SCHEMA_RULES,
+    Rule,
+)
 from schemas.errors import BadInput
-from schemas.trace import EVENT_COLUMNS, KIND_LABELS, STOP_KINDS, Kind, Manifest, TraceFiles
+from schemas.trace import EVENT_COLUMNS, Kind, Manifest, TraceFiles
 
-FATAL = "fatal"
-QUARANTINE = "quarantine"
 SUITE = "trace_gate"
 EVENT_NAMES: tuple[str, ...] = tuple(n for n, _ in EVENT_COLUMNS)
 LOCATION = ("_file", "_row")
 #: How many offending rows a rule keeps in the report (GX returns at most 200).
 FIRST_ROWS = runner.PARTIAL_ROWS
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One validity rule of SPEC §2.3. `detail` is formatted with the offending row (and `duration_us`,
-    `brokers`) to say what exactly is wrong."""
-
-    name: str
-    severity: str
-    description: str
-    detail: str
-
-    @property
-    def column(self) -> str:
-        return "r_" + self.name.replace("-", "_")
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("column-missing", FATAL, "a column of SPEC §2.1 is missing", "{detail}"),
-    Rule("column-type", FATAL, "a column has the wrong type", "{detail}"),
-    Rule("kind-unknown", FATAL, "unknown kind", "kind {kind!r} (known: " + ", ".join(KIND_LABELS) + ")"),
-    Rule("ts-out-of-range", FATAL, "ts_us outside [0, duration_us]",
-         "{kind} at ts_us {ts_us} is outside [0, {duration_us}]"),
-    Rule("broker-not-in-manifest", FATAL, "broker not in the manifest",
-         "{kind} of broker {broker} (manifest brokers: {brokers})"),
-    Rule("produce-without-msg-id", FATAL, "produce without msg_id", "produce at ts_us {ts_us} has no msg_id"),
-    Rule("size-not-positive", FATAL, "produce with size_bytes <= 0",
-         "produce msg_id {msg_id} has size_bytes {size_bytes}"),
-    Rule("msg-id-duplicate", FATAL, "duplicate msg_id",
-         "msg_id {msg_id} was already produced at {_first_file} row {_first_row}"),
-    Rule("replicate-without-upto", FATAL, "replicate without upto_us",
-         "replicate of broker {broker} at ts_us {ts_us} has no upto_us"),
-    Rule("upto-after-ts", FATAL, "upto_us > ts_us", "replicate of broker {broker}: upto_us {upto_us} > ts_us {ts_us}"),
-    Rule("restart-of-up-broker", FATAL, "restart of a broker that is up",
-         "restart of broker {broker} at ts_us {ts_us}, which is up"),
-    Rule("stop-of-down-broker", FATAL, "crash/power_loss/disk_loss/shutdown of a broker that is down",
-         "{kind} of broker {broker} at ts_us {ts_us}, which is already down"),
-    Rule("heal-of-unisolated-broker", FATAL, "heal of a broker that is not isolated",
-         "heal of broker {broker} at ts_us {ts_us}, which is not isolated"),
-    Rule("replicate-while-unavailable", QUARANTINE, "replicate for a broker that is down or isolated",
-         "replicate of broker {broker} at ts_us {ts_us} while it is down or isolated"),
-    Rule("upto-decreasing", QUARANTINE,
-         "replicate whose upto_us is below an earlier report of the same broker since its last restart",
-         "replicate of broker {broker} at ts_us {ts_us}: upto_us {upto_us} < {_prev_max_upto_us} reported before"),
-)
-RULES_BY_NAME = {r.name: r for r in RULES}
-SCHEMA_RULES = ("column-missing", "column-type")
-ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
 _SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString
 
 
@@ -216,11 +176,40 @@ def _kind_order():
     return F.create_map(*pairs)[F.col("kind")]
 
 
+#: What `annotate` adds to the events (and `_file`/`_row`): one boolean per row rule, `_prev_max_upto_us`, and
+#: `_quarantined` (some quarantine rule broken).
+_ANNOTATION_DDL = ", ".join([f"{r.column} boolean" for r in ROW_RULES]
+                            + ["_prev_max_upto_us bigint", "_quarantined boolean"])
+
+
+def _rule_flags(manifest: Manifest):
+    """The mapInArrow function of `annotate`: each task's rows through one `TraceRules` (the rules' one
+    definition, expectations/trace_rules.py), its state carried over the task's Arrow batches."""
+    import pyarrow as pa
+
+    def flags(batches):
+        from expectations.trace_rules import TraceRules
+
+        rules = TraceRules(manifest)
+        for batch in batches:
+            verdict = rules.check(pa.Table.from_batches([batch]))
+            columns = [*batch.columns, *[pa.array(verdict.flags[r.name]) for r in ROW_RULES],
+                       pa.array(verdict.prev_max_upto, pa.int64(), mask=~verdict.has_prev_max_upto),
+                       pa.array(verdict.quarantine)]
+            names = [*batch.schema.names, *[r.column for r in ROW_RULES], "_prev_max_upto_us", "_quarantined"]
+            yield pa.RecordBatch.from_arrays(columns, names=names)
+
+    return flags
+
+
 def annotate(events_df, manifest: Manifest):
     """The events plus one boolean column per rule of ROW_RULES (true = the row breaks it), `_quarantined`,
-    and helper columns for messages (`_first_file`/`_first_row` of a duplicated msg_id, `_prev_max_upto_us`).
+    and `_prev_max_upto_us` (what an `upto-decreasing` row is reported with).
+
+    The rules are `expectations.trace_rules.TraceRules`, run by `mapInArrow`: one shuffle puts every broker's
+    rows in one task, sorted by (ts_us, SPEC §2.2 same-instant kind order, file, row), and every produce row in
+    one task in (file, row) order (msg_id uniqueness is trace-wide, its first occurrence the earliest row).
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     df = events_df
@@ -228,78 +217,28 @@ def annotate(events_df, manifest: Manifest):
         df = df.withColumn("_file", F.lit(None).cast("string"))
     if "_row" not in df.columns:
         df = df.withColumn("_row", F.lit(None).cast("long"))
-    df = df.select(*EVENT_NAMES, "_file", "_row").withColumn("_kind_order", _kind_order())
-    kind, ts, broker, upto = F.col("kind"), F.col("ts_us"), F.col("broker"), F.col("upto_us")
-    is_produce, is_replicate = kind == Kind.PRODUCE.label, kind == Kind.REPLICATE.label
-    stops = [k.label for k in STOP_KINDS]
+    df = df.select(*EVENT_NAMES, "_file", "_row")
+    is_produce = F.coalesce(F.col("kind") == Kind.PRODUCE.label, F.lit(False))
+    # Produce rows under key -2; a row without broker is its own broker -1, as TraceRules groups it.
+    task = F.when(is_produce, F.lit(-2)).otherwise(F.coalesce(F.col("broker"), F.lit(-1)))
+    parts = max(1, int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
+    ordered = (df.repartition(parts, task)
+               .sortWithinPartitions(F.when(~is_produce, F.col("ts_us")).asc_nulls_first(),
+                                     F.when(~is_produce, _kind_order()).asc_nulls_first(),
+                                     F.col("_file").asc_nulls_first(), "_row", "upto_us"))
+    schema = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in df.schema.fields)
+    return ordered.mapInArrow(_rule_flags(manifest), f"{schema}, {_ANNOTATION_DDL}")
 
-    flags = {
-        "kind-unknown": kind.isNull() | ~kind.isin(*KIND_LABELS),
-        "ts-out-of-range": ts.isNull() | (ts < 0) | (ts > F.lit(manifest.duration_us)),
-        "broker-not-in-manifest": kind.isNotNull() & ~is_produce & (
-            broker.isNull() | ~broker.isin(*manifest.broker_ids)),
-        "produce-without-msg-id": is_produce & F.col("msg_id").isNull(),
-        "size-not-positive": is_produce & (F.col("size_bytes").isNull() | (F.col("size_bytes") <= 0)),
-        "replicate-without-upto": is_replicate & upto.isNull(),
-        "upto-after-ts": is_replicate & (upto > ts),
-    }
-    for name, cond in flags.items():
-        df = df.withColumn(RULES_BY_NAME[name].column, F.coalesce(cond, F.lit(False)))
 
-    # Produce rows: only msg_id uniqueness is cross-row. Broker rows: the broker state machine. Splitting keeps
-    # the (large) produce side out of the per-broker sort.
-    produce = df.where(F.coalesce(is_produce, F.lit(False)))
-    by_msg = Window.partitionBy("msg_id").orderBy(F.col("_file").asc_nulls_first(), "_row", "ts_us")
-    seen_before = F.col("msg_id").isNotNull() & (F.row_number().over(by_msg) > 1)
-    produce = (produce
-               .withColumn(RULES_BY_NAME["msg-id-duplicate"].column, seen_before)
-               .withColumn("_first_file", F.when(seen_before, F.first("_file").over(by_msg)))
-               .withColumn("_first_row", F.when(seen_before, F.first("_row").over(by_msg))))
-    for name in ("restart-of-up-broker", "stop-of-down-broker", "heal-of-unisolated-broker",
-                 "replicate-while-unavailable", "upto-decreasing"):
-        produce = produce.withColumn(RULES_BY_NAME[name].column, F.lit(False))
-    produce = produce.withColumn("_prev_max_upto_us", F.lit(None).cast("long"))
+def first_occurrences(events_df, msg_ids: Sequence[int]) -> dict[int, tuple[str | None, int | None]]:
+    """The (file, row) of each msg_id's first produce row: what a `msg-id-duplicate` row is reported with."""
+    from pyspark.sql import functions as F
 
-    brokers = df.where(~F.coalesce(is_produce, F.lit(False)))
-    order = [F.col("ts_us"), F.col("_kind_order"), F.col("_file").asc_nulls_first(), F.col("_row"), upto]
-    by_broker = Window.partitionBy("broker").orderBy(*order)
-    before = by_broker.rowsBetween(Window.unboundedPreceding, -1)
-    up_down = F.when(kind.isin(*stops), F.lit("down")).when(kind == Kind.RESTART.label, F.lit("up"))
-    iso_heal = F.when(kind == Kind.ISOLATE.label, F.lit("isolated")).when(kind == Kind.HEAL.label, F.lit("healed"))
-    brokers = (brokers
-               .withColumn("_down", F.coalesce(F.last(up_down, ignorenulls=True).over(before) == "down",
-                                               F.lit(False)))
-               .withColumn("_isolated", F.coalesce(F.last(iso_heal, ignorenulls=True).over(before) == "isolated",
-                                                   F.lit(False)))
-               .withColumn("_incarnation", F.sum(F.when(kind == Kind.RESTART.label, 1).otherwise(0)).over(
-                   by_broker.rowsBetween(Window.unboundedPreceding, Window.currentRow))))
-    unavailable = is_replicate & (F.col("_down") | F.col("_isolated"))
-    brokers = (brokers
-               .withColumn(RULES_BY_NAME["restart-of-up-broker"].column,
-                           (kind == Kind.RESTART.label) & ~F.col("_down"))
-               .withColumn(RULES_BY_NAME["stop-of-down-broker"].column, kind.isin(*stops) & F.col("_down"))
-               .withColumn(RULES_BY_NAME["heal-of-unisolated-broker"].column,
-                           (kind == Kind.HEAL.label) & ~F.col("_isolated"))
-               .withColumn(RULES_BY_NAME["replicate-while-unavailable"].column,
-                           F.coalesce(unavailable, F.lit(False))))
-    applied = is_replicate & ~F.col(RULES_BY_NAME["replicate-while-unavailable"].column)
-    by_life = (Window.partitionBy("broker", "_incarnation").orderBy(*order)
-               .rowsBetween(Window.unboundedPreceding, -1))
-    brokers = brokers.withColumn("_prev_max_upto_us", F.max(F.when(applied, upto)).over(by_life))
-    brokers = (brokers
-               .withColumn(RULES_BY_NAME["upto-decreasing"].column,
-                           F.coalesce(applied & (upto < F.col("_prev_max_upto_us")), F.lit(False)))
-               .withColumn(RULES_BY_NAME["msg-id-duplicate"].column, F.lit(False))
-               .withColumn("_first_file", F.lit(None).cast("string"))
-               .withColumn("_first_row", F.lit(None).cast("long"))
-               .drop("_down", "_isolated", "_incarnation"))
-
-    out = produce.unionByName(brokers)
-    quarantined = F.lit(False)
-    for rule in ROW_RULES:
-        if rule.severity == QUARANTINE:
-            quarantined = quarantined | F.col(rule.column)
-    return out.withColumn("_quarantined", quarantined).drop("_kind_order")
+    if not msg_ids or "_row" not in events_df.columns:
+        return {}
+    first = (events_df.where((F.col("kind") == Kind.PRODUCE.label) & F.col("msg_id").isin(*msg_ids))
+             .groupBy("msg_id").agg(F.min(F.struct(F.col("_file"), F.col("_row"))).alias("at")).collect())
+    return {r["msg_id"]: (r["at"]["_file"], r["at"]["_row"]) for r in first}
 
 
 # ----------------------------------------------------------------------------------------------- GX suites
@@ -364,7 +303,8 @@ def rule_counts(violations) -> tuple[dict[str, int], dict[str, list[dict[str, An
     rule = F.explode(F.array(*[F.when(F.col(r.column), F.lit(r.name)) for r in ROW_RULES])).alias("_rule")
     by_rule = Window.partitionBy("_rule")
     order = by_rule.orderBy(F.col("_file").asc_nulls_first(), "_row", "ts_us")
-    first = (violations.select(*REPORT_COLUMNS, rule).where(F.col("_rule").isNotNull())
+    columns = [c for c in REPORT_COLUMNS if c not in ("_first_file", "_first_row")]
+    first = (violations.select(*columns, rule).where(F.col("_rule").isNotNull())
              .withColumn("_count", F.count(F.lit(1)).over(by_rule))
              .withColumn("_rank", F.row_number().over(order))
              .where(F.col("_rank") <= FIRST_ROWS).collect())
@@ -372,7 +312,7 @@ def rule_counts(violations) -> tuple[dict[str, int], dict[str, list[dict[str, An
     rows: dict[str, list[dict[str, Any]]] = {r.name: [] for r in ROW_RULES}
     for r in sorted(first, key=lambda r: (r["_rule"], r["_rank"])):
         counts[r["_rule"]] = int(r["_count"])
-        rows[r["_rule"]].append({c: r[c] for c in REPORT_COLUMNS})
+        rows[r["_rule"]].append({c: r[c] for c in columns} | {"_first_file": None, "_first_row": None})
     return counts, rows
 
 
@@ -409,6 +349,11 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
         flagged = flagged | F.col(rule.column)
     violations = annotated.where(flagged).persist(StorageLevel.MEMORY_AND_DISK)
     counts, rows = rule_counts(violations)
+    duplicates = rows["msg-id-duplicate"]
+    if duplicates:  # where each reported duplicate's msg_id was first produced (a small query, on failure only)
+        first = first_occurrences(events_df, sorted({r["msg_id"] for r in duplicates}))
+        for r in duplicates:
+            r["_first_file"], r["_first_row"] = first.get(r["msg_id"], (None, None))
     result = runner.validate(pd.DataFrame({name: [n] for name, n in counts.items()}), suite_name=SUITE,
                              target="events", expectations=rule_expectations())
     for res in result.get("results", []):  # the exact count and first rows beside GX's verdict, for the report
@@ -525,3 +470,7 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
                         paths.json_path if paths is not None else None,
                         paths.html_path if paths is not None else None, report)
     return clean, result
+
+
+__all__ = ["FATAL", "QUARANTINE", "ROW_RULES", "RULES", "RULES_BY_NAME", "SCHEMA_RULES", "Rule", "annotate",
+           "check_trace_rules", "run_trace_gate"]

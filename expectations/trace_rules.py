@@ -1,15 +1,15 @@
-"""The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk, without Spark.
+"""The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk: their one definition.
 
-A sweep generates every seed's trace inside a Spark task (`engine/sweep.py`), where there is no Spark
-to run `expectations.trace_gate.annotate` on. This is the same rule set, named by the same `RULES`, evaluated
-with numpy over the chunks of one trace in file order, with each broker's state carried from one chunk to the
-next (down, isolated, incarnation, the largest applied upto_us since the last restart) and the msg_ids seen so
-far. tests/expectations/test_trace_rules.py checks that it flags exactly the rows the Spark gate flags.
+The Spark gate (`expectations.trace_gate.annotate`) runs them in `mapInArrow` tasks, and a sweep runs them on
+every seed's trace inside its Spark task (`engine/sweep.py`). They are evaluated with numpy over the chunks of
+one trace, with each broker's state carried from one chunk to the next (down, isolated, incarnation, the
+largest applied upto_us since the last restart) and the msg_ids seen so far.
 
-Order: within a chunk, a broker's rows are taken in (ts_us, SPEC §2.2 kind order, row) order, as the gate
-orders by (ts_us, kind order, file, row); chunks are taken in file order, which is time order for generated
-traces (SPEC §8 output layout). Unlike the Spark gate, no GX suite runs here: the counts are the result, and the
-sweep's output gate runs once on the sweep's results.
+Order: within a chunk, a broker's rows are taken in (ts_us, SPEC §2.2 kind order, row) order and produce rows in
+row order; chunks are taken in their order. The Spark gate hands each task its rows sorted so that this is
+(ts_us, kind order, file, row) per broker and (file, row) for produce rows; a sweep hands the chunks in file
+order, which is time order for generated traces (SPEC §8 output layout). Unlike the Spark gate, no GX suite runs
+here: the counts are the result, and the sweep's output gate runs once on the sweep's results.
 """
 
 from __future__ import annotations
@@ -20,8 +20,58 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from expectations.trace_gate import FATAL, QUARANTINE, ROW_RULES
 from schemas.trace import KIND_LABELS, STOP_KINDS, Kind, Manifest
+
+FATAL = "fatal"
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validity rule of SPEC §2.3. `detail` is formatted with the offending row (and `duration_us`,
+    `brokers`) to say what exactly is wrong."""
+
+    name: str
+    severity: str
+    description: str
+    detail: str
+
+    @property
+    def column(self) -> str:
+        return "r_" + self.name.replace("-", "_")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("column-missing", FATAL, "a column of SPEC §2.1 is missing", "{detail}"),
+    Rule("column-type", FATAL, "a column has the wrong type", "{detail}"),
+    Rule("kind-unknown", FATAL, "unknown kind", "kind {kind!r} (known: " + ", ".join(KIND_LABELS) + ")"),
+    Rule("ts-out-of-range", FATAL, "ts_us outside [0, duration_us]",
+         "{kind} at ts_us {ts_us} is outside [0, {duration_us}]"),
+    Rule("broker-not-in-manifest", FATAL, "broker not in the manifest",
+         "{kind} of broker {broker} (manifest brokers: {brokers})"),
+    Rule("produce-without-msg-id", FATAL, "produce without msg_id", "produce at ts_us {ts_us} has no msg_id"),
+    Rule("size-not-positive", FATAL, "produce with size_bytes <= 0",
+         "produce msg_id {msg_id} has size_bytes {size_bytes}"),
+    Rule("msg-id-duplicate", FATAL, "duplicate msg_id",
+         "msg_id {msg_id} was already produced at {_first_file} row {_first_row}"),
+    Rule("replicate-without-upto", FATAL, "replicate without upto_us",
+         "replicate of broker {broker} at ts_us {ts_us} has no upto_us"),
+    Rule("upto-after-ts", FATAL, "upto_us > ts_us", "replicate of broker {broker}: upto_us {upto_us} > ts_us {ts_us}"),
+    Rule("restart-of-up-broker", FATAL, "restart of a broker that is up",
+         "restart of broker {broker} at ts_us {ts_us}, which is up"),
+    Rule("stop-of-down-broker", FATAL, "crash/power_loss/disk_loss/shutdown of a broker that is down",
+         "{kind} of broker {broker} at ts_us {ts_us}, which is already down"),
+    Rule("heal-of-unisolated-broker", FATAL, "heal of a broker that is not isolated",
+         "heal of broker {broker} at ts_us {ts_us}, which is not isolated"),
+    Rule("replicate-while-unavailable", QUARANTINE, "replicate for a broker that is down or isolated",
+         "replicate of broker {broker} at ts_us {ts_us} while it is down or isolated"),
+    Rule("upto-decreasing", QUARANTINE,
+         "replicate whose upto_us is below an earlier report of the same broker since its last restart",
+         "replicate of broker {broker} at ts_us {ts_us}: upto_us {upto_us} < {_prev_max_upto_us} reported before"),
+)
+RULES_BY_NAME = {r.name: r for r in RULES}
+SCHEMA_RULES = ("column-missing", "column-type")
+ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
 
 _STOP_CODES = np.array(sorted(int(k) for k in STOP_KINDS), dtype=np.int16)
 _UNKNOWN = -1
@@ -42,6 +92,11 @@ class ChunkVerdict:
     fatal: np.ndarray  # bool per row
     quarantine: np.ndarray  # bool per row
     counts: dict[str, int]
+    flags: dict[str, np.ndarray]  # rule name -> bool per row
+    #: Per broker row: the largest upto_us of the applied reports before it in its broker's incarnation, where
+    #: `has_prev_max_upto`; what an `upto-decreasing` row is reported with.
+    prev_max_upto: np.ndarray
+    has_prev_max_upto: np.ndarray
 
 
 @dataclass
@@ -86,7 +141,10 @@ class TraceRules:
         flags["replicate-without-upto"] = replicate & upto_null
         flags["upto-after-ts"] = replicate & ~upto_null & ~ts_null & (upto > ts)
         flags["msg-id-duplicate"] = self._duplicates(produce & ~msg_null, msg)
-        self._broker_rules(flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate)
+        prev_max_upto = np.zeros(n, dtype=np.int64)
+        has_prev = np.zeros(n, dtype=bool)
+        self._broker_rules(flags, (prev_max_upto, has_prev), code, ts, ts_null, broker, broker_null, upto, upto_null,
+                           produce)
 
         counts = {name: int(f.sum()) for name, f in flags.items()}
         for name, c in counts.items():
@@ -98,7 +156,7 @@ class TraceRules:
                 fatal |= flags[r.name]
             else:
                 quarantine |= flags[r.name]
-        return ChunkVerdict(fatal, quarantine, counts)
+        return ChunkVerdict(fatal, quarantine, counts, flags, prev_max_upto, has_prev)
 
     def _duplicates(self, has_id: np.ndarray, msg: np.ndarray) -> np.ndarray:
         """Every occurrence of a msg_id after its first one (file order), across chunks."""
@@ -117,8 +175,10 @@ class TraceRules:
         self._seen = np.union1d(self._seen, ids)
         return out
 
-    def _broker_rules(self, flags, code, ts, ts_null, broker, broker_null, upto, upto_null, produce, replicate):
+    def _broker_rules(self, flags, prev, code, ts, ts_null, broker, broker_null, upto, upto_null,
+                      produce):
         """The broker state machine of `trace_gate.annotate`, per broker in (ts, kind order, row) order."""
+        prev_max_upto, has_prev = prev
         rows = np.flatnonzero(~produce)
         if not len(rows):
             return
@@ -131,6 +191,8 @@ class TraceRules:
             state = self._brokers.setdefault(int(b), _BrokerState())
             for i in mine:
                 k = int(code[i])
+                if k != int(Kind.RESTART) and state.max_upto is not None:
+                    prev_max_upto[i], has_prev[i] = state.max_upto, True
                 if k == int(Kind.REPLICATE):
                     if state.down or state.isolated:
                         flags["replicate-while-unavailable"][i] = True

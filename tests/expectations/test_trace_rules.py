@@ -1,5 +1,6 @@
-"""The trace gate's row rules on Arrow (expectations/trace_rules.py, used per seed by the sweep) flag exactly the
-rows the Spark gate (expectations/trace_gate.py) flags, also when the trace arrives in several chunks."""
+"""The trace gate's row rules (expectations/trace_rules.py) flag the rows SPEC §2.3 says, hand-derived below:
+through the Spark gate (expectations/trace_gate.py runs them in mapInArrow tasks after its shuffle and sort)
+and chunk by chunk as the sweep runs them, with broker state carried over the chunk boundary."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ ROWS = [
 ]
 
 
+#: 1-based row of ROWS -> the rules it breaks (from SPEC §2.3 by hand; every other row breaks none).
+EXPECTED = {
+    4: {"replicate-while-unavailable"}, 6: {"restart-of-up-broker"}, 8: {"replicate-while-unavailable"},
+    10: {"upto-decreasing"}, 12: {"msg-id-duplicate"}, 13: {"heal-of-unisolated-broker"}, 14: {"kind-unknown"},
+    15: {"broker-not-in-manifest"}, 16: {"ts-out-of-range"}, 17: {"produce-without-msg-id"},
+    18: {"size-not-positive", "msg-id-duplicate"}, 19: {"replicate-without-upto"}, 20: {"upto-after-ts"},
+    22: {"stop-of-down-broker"},
+}
+
+
 def _table(rows) -> pa.Table:
     cols = list(zip(*rows, strict=True))
     return pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, EVENT_ARROW_SCHEMA, strict=True)],
@@ -60,6 +71,9 @@ def test_arrow_rules_flag_the_rows_the_spark_gate_flags(spark):
     report.release()
     flagged = (annotate(events, MANIFEST).select("_row", *[r.column for r in ROW_RULES]).toPandas()
                .sort_values("_row"))
+    assert flagged["_row"].tolist() == list(range(1, len(ROWS) + 1))
+    spark_rules = {int(row["_row"]): {r.name for r in ROW_RULES if row[r.column]} for _, row in flagged.iterrows()}
+    assert {row: rules for row, rules in spark_rules.items() if rules} == EXPECTED
 
     rules = TraceRules(MANIFEST)
     verdicts = [rules.check(_table(ROWS[:13])), rules.check(_table(ROWS[13:]))]
@@ -74,6 +88,9 @@ def test_arrow_rules_flag_the_rows_the_spark_gate_flags(spark):
         target = spark_fatal if r.severity == "fatal" else spark_quarantine
         target |= flagged[r.column].to_numpy(bool)
     assert fatal.tolist() == spark_fatal.tolist()
+    for rule in ROW_RULES:
+        chunked = np.concatenate([v.flags[rule.name] for v in verdicts])
+        assert np.flatnonzero(chunked).tolist() == [row - 1 for row, rules in EXPECTED.items() if rule.name in rules]
     assert quarantine.tolist() == spark_quarantine.tolist()
     assert rules.fatal_rows == sum(c for n, c in spark_counts.items() if n not in
                                    ("replicate-while-unavailable", "upto-decreasing"))
