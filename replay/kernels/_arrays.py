@@ -97,3 +97,122 @@ def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key:
     ntr = hi - s_pos
     is_tr = order < ntr
     return keys[order], is_tr, np.where(is_tr, order + s_pos, 0), np.where(is_tr, 0, order - ntr), shi
+
+
+# ------------------------------------------------------------------------------------------ compiled helpers
+def jit_cached(fn):
+    """numba's njit with its on-disk cache (NUMBA_CACHE_DIR); where numba cannot place a cache, as for a module
+    imported from a zip (spark-submit --py-files), it compiles once per process instead of failing."""
+    from numba import njit
+
+    try:
+        return njit(cache=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return njit(fn)
+
+
+@jit_cached
+def kth_largest_columns(stack: np.ndarray, k: int) -> np.ndarray:
+    """Column-wise k-th largest over the rows of `stack` (k ≥ 1); 0 where there are fewer than k rows."""
+    m, n = stack.shape
+    out = np.zeros(n, dtype=np.int64)
+    if k > m:
+        return out
+    buf = np.empty(m, dtype=np.int64)
+    for j in range(n):
+        for r in range(m):  # insertion sort, descending: m is a group's size (≤ 10)
+            v = stack[r, j]
+            i = r
+            while i > 0 and buf[i - 1] < v:
+                buf[i] = buf[i - 1]
+                i -= 1
+            buf[i] = v
+        out[j] = buf[k - 1]
+    return out
+
+
+@jit_cached
+def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
+    """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
+    out = np.empty(n, dtype=np.int64)
+    cur = initial
+    i = 0
+    for j in range(n):
+        while i < len(idx) and idx[i] <= j:
+            cur = values[i]
+            i += 1
+        out[j] = cur
+    return out
+
+
+@jit_cached
+def merge_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For ascending `a` and `b`, the order that stably sorts their concatenation (`a` first on equal keys):
+    np.argsort(np.concatenate([a, b]), kind="stable") in one linear pass."""
+    na, nb = len(a), len(b)
+    out = np.empty(na + nb, dtype=np.int64)
+    i = j = 0
+    for o in range(na + nb):
+        if j >= nb or (i < na and a[i] <= b[j]):
+            out[o] = i
+            i += 1
+        else:
+            out[o] = na + j
+            j += 1
+    return out
+
+
+def is_ascending(a: np.ndarray) -> bool:
+    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
+
+
+class Timeline:
+    """What a kernel records at the end of every instant (SPEC §4.2-4.3): timeline rows, coalesced as
+    `replay.results.coalesce_states` does (every control change and the last row of each window), and the
+    unavailability intervals between instants. Rows are `replay.results.StateRow`s."""
+
+    def __init__(self, window_us: int) -> None:
+        self.window_us = window_us
+        self.rows: list = []
+        self.last = None  # the last row offered
+        self.cand = None  # the window's last row, emitted once a later window starts
+        self.av_prev: tuple[int, bool, int] | None = None  # (instant, blocked, stall start) of the open instant
+        self.unavail: list[tuple[int, int]] = []
+
+    def offer(self, row) -> None:
+        last = self.last
+        if last is not None and (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) == (
+                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
+            return
+        control = last is None or row.control_key() != last.control_key()
+        cand = self.cand
+        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
+            self.rows.append(cand)
+        self.cand = None
+        if control:
+            self.rows.append(row)
+        else:
+            self.cand = row
+        self.last = row
+
+    def end_instant(self, row, blocked: bool, stall_from: int) -> None:
+        """Record instant `row.ts_us`: its row, and its availability, which holds until the next instant."""
+        self.offer(row)
+        if self.av_prev is not None:
+            self.close(row.ts_us)
+        self.av_prev = (row.ts_us, blocked, stall_from)
+
+    def close(self, t_end: int) -> None:
+        t0, blocked, stall_from = self.av_prev
+        if blocked:
+            self.unavail.append((t0, t_end))
+        elif stall_from < t_end:
+            self.unavail.append((max(t0, stall_from), t_end))
+
+    def finish(self, t_end: int) -> list:
+        """Close the last instant at t_end; returns the rows."""
+        self.close(t_end)
+        if self.cand is not None:
+            self.rows.append(self.cand)
+            self.cand = None
+        return self.rows

@@ -24,7 +24,16 @@ import heapq
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.kernels._arrays import Grow, Table, due_segment
+from replay.kernels._arrays import (
+    Grow,
+    Table,
+    Timeline,
+    due_segment,
+    forward_fill,
+    is_ascending,
+    kth_largest_columns,
+    merge_order,
+)
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
     OS_WRITEBACK_EXPIRE_MS,
@@ -100,12 +109,7 @@ def _kth_largest(stack: np.ndarray, k: int) -> np.ndarray:
         return stack.max(axis=0)
     if k == m:
         return stack.min(axis=0)
-    # the largest value that at least k rows reach (m ≤ 10 rows: m² comparisons beat a column sort)
-    out = np.full(stack.shape[1], np.iinfo(np.int64).min, dtype=np.int64)
-    for r in range(m):
-        reached = (stack >= stack[r]).sum(axis=0) >= k
-        np.maximum(out, np.where(reached, stack[r], out), out=out)
-    return out
+    return kth_largest_columns(np.ascontiguousarray(stack, dtype=np.int64), k)
 
 
 class FlushState:
@@ -223,7 +227,6 @@ class GroupReplay:
         self.order = tuple(members)
         self.ix = {b: i for i, b in enumerate(self.order)}
         self.duration_us = duration_us
-        self.window_us = window_us
         n = len(self.order)
         self.cp = control_plane(policy, self.order, hooks=self)
         self.log_len = np.zeros(n, dtype=np.int64)
@@ -248,11 +251,7 @@ class GroupReplay:
         self.done: list[MessageRecords] = []
         self.replication_bytes = 0
         self.cur_t = 0
-        self.last_row: StateRow | None = None
-        self.row_cand: StateRow | None = None
-        self.rows_out: list[StateRow] = []
-        self.av_prev: tuple[int, bool, int] | None = None
-        self.unavail: list[tuple[int, int]] = []
+        self.timeline = Timeline(window_us)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
 
@@ -322,8 +321,11 @@ class GroupReplay:
             self._schedule_arrivals(ev, payload, later, delay)
         now = ~unrouted & ~later
         p_ts = ev.produce_ts[now]
-        s_key = np.concatenate([key_of(bts[rep], C_REPLICATE), key_of(p_ts, C_PRODUCE)])
-        order = np.argsort(s_key, kind="stable")
+        r_key, p_key = key_of(bts[rep], C_REPLICATE), key_of(p_ts, C_PRODUCE)
+        s_key = np.concatenate([r_key, p_key])
+        # both sources come time-ordered: a linear merge (stable, replications first on equal keys)
+        order = merge_order(r_key, p_key) if is_ascending(r_key) and is_ascending(p_key) else \
+            np.argsort(s_key, kind="stable")
         nrep = int(rep.sum())
         is_rep = order < nrep
         ridx = np.where(is_rep, order, 0)
@@ -367,10 +369,7 @@ class GroupReplay:
             self.advance(PartitionEvents.empty(), self.duration_us + 1)
         self._resolve(self.duration_us + 1)
         self._clock(INF)
-        self._close_avail(self.duration_us)
-        if self.row_cand is not None:
-            self.rows_out.append(self.row_cand)
-            self.row_cand = None
+        rows = self.timeline.finish(self.duration_us)
         end_runs, end_hw, end_up = self._end_view()
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
@@ -381,7 +380,7 @@ class GroupReplay:
                             for k in self.payload_keys or ()}
         records = MessageRecords.concat(parts)
         records = records.sorted_by_msg_id()
-        result = PartitionResult(self.unit, judge(records, view), self.rows_out, merge_intervals(self.unavail),
+        result = PartitionResult(self.unit, judge(records, view), rows, merge_intervals(self.timeline.unavail),
                                  replication_bytes)
         result.view = view  # type: ignore[attr-defined]
         return result
@@ -398,11 +397,9 @@ class GroupReplay:
             self.pend.cols[k] = np.full(len(self.pend.cols["msg"]), -1, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
-        k = len(msg)
+        # scalars broadcast into the table's columns (no per-column temporaries)
         cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
-                    state=np.full(k, state, np.int8), err=np.zeros(k, np.int8), pe=np.full(k, -1),
-                    po=np.full(k, -1), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US), tb=np.full(k, -1),
-                    tinc=np.zeros(k, np.int64), tep=np.full(k, -1))
+                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
         for name in self.payload_keys or ():
             cols[name] = payload[name]
         return self.pend.append(**cols)
@@ -628,6 +625,19 @@ class GroupReplay:
     def _stream(self, limit_key: int) -> None:
         """Process replicate/produce events and scheduled arrivals with keys below `limit_key`."""
         while True:
+            if not len(self.sched_key) or self.sched_key[0] >= limit_key:
+                # no scheduled arrival due: the segment is a slice of the trace stream (views, no merge)
+                hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
+                if hi <= self.s_pos:
+                    return
+                sl = slice(self.s_pos, hi)
+                self.s_pos += self._segment({
+                    "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
+                    "upto": self.s_upto[sl], "msg": self.s_msg[sl], "size": self.s_size[sl],
+                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64),
+                    "pay": {k: v[sl] for k, v in self.s_pay.items()},
+                })
+                continue
             due = due_segment(self.s_key, self.s_pos, self.sched_key, limit_key)
             if due is None:
                 return
@@ -681,8 +691,7 @@ class GroupReplay:
                 caught = new_len == leo_after[idx]
                 lcu = np.maximum.accumulate(np.maximum(np.where(caught, ts[idx], seg["upto"][idx]), self.lcu[i]))
                 follow[b] = (idx, new_len, lcu)
-                pos = np.searchsorted(idx, np.arange(n), side="right") - 1
-                fser[b] = np.where(pos >= 0, new_len[np.maximum(pos, 0)], self.fetched[i])
+                fser[b] = forward_fill(idx, new_len, n, int(self.fetched[i]))
             else:
                 fser[b] = np.full(n, self.fetched[i], dtype=np.int64)
         ctx = {"ts": ts, "n": n, "ldr": ldr, "leo": leo_after, "fser": fser, "follow": follow, "srv": srv,
@@ -791,38 +800,8 @@ class GroupReplay:
     def _clock(self, t: int) -> None:
         """Moving to time t closes the current instant: record its end state."""
         if t > self.cur_t:
-            self._end_instant(self._state_row(self.cur_t), *self._avail())
+            self.timeline.end_instant(self._state_row(self.cur_t), *self._avail())
             self.cur_t = t
-
-    def _end_instant(self, row: StateRow, blocked: bool, stall_from: int) -> None:
-        self._offer_row(row)
-        if self.av_prev is not None:
-            self._close_avail(row.ts_us)
-        self.av_prev = (row.ts_us, blocked, stall_from)
-
-    def _offer_row(self, row: StateRow) -> None:
-        last = self.last_row
-        if last is not None and (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) == (
-                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
-            return
-        # coalesce as replay.results.coalesce_states: every control change and the last row of each window
-        control = last is None or row.control_key() != last.control_key()
-        cand = self.row_cand
-        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
-            self.rows_out.append(cand)
-        self.row_cand = None
-        if control:
-            self.rows_out.append(row)
-        else:
-            self.row_cand = row
-        self.last_row = row
-
-    def _close_avail(self, t_end: int) -> None:
-        t0, blocked, stall_from = self.av_prev
-        if blocked:
-            self.unavail.append((t0, t_end))
-        elif stall_from < t_end:
-            self.unavail.append((max(t0, stall_from), t_end))
 
     def _instants(self, ts, out, leo_after, srv, refusing) -> None:
         """Close every instant of the segment but the last: timeline rows and availability (vectorized)."""
@@ -835,22 +814,23 @@ class GroupReplay:
             hw_i = hw[closed] if hw is not None else leo_i
             changed = np.flatnonzero((leo_i[1:] != leo_i[:-1]) | (hw_i[1:] != hw_i[:-1])) + 1
             if len(changed):
-                win = tc[changed] // self.window_us
+                win = tc[changed] // self.timeline.window_us
                 changed = changed[np.append(win[1:] != win[:-1], True)]
             for j in np.concatenate([[0], changed]).astype(np.int64):
-                self._offer_row(self._state_row(int(tc[j]), int(leo_i[j]), int(hw_i[j])))
+                self.timeline.offer(self._state_row(int(tc[j]), int(leo_i[j]), int(hw_i[j])))
             blocked = self._blocked()
-            if self.av_prev is not None:
-                self._close_avail(int(tc[0]))
+            tl = self.timeline
+            if tl.av_prev is not None:
+                tl.close(int(tc[0]))
             if blocked:
-                self.unavail.append((int(tc[0]), int(tc[-1])))
+                tl.unavail.append((int(tc[0]), int(tc[-1])))
                 stall_last = INF
             else:
                 stall = self._stall_series(closed, out, srv)
                 lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
+                tl.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
                 stall_last = int(stall[-1])
-            self.av_prev = (int(tc[-1]), blocked, stall_last)
+            tl.av_prev = (int(tc[-1]), blocked, stall_last)
         self.cur_t = int(ts[-1])
 
     def _stall_series(self, closed: np.ndarray, out: dict, srv: int) -> np.ndarray:
