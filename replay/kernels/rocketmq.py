@@ -63,6 +63,8 @@ from schemas.trace import Kind
 MS = 1000
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
 WAITING, ACKED, FAILED, PREARRIVE = range(4)
+#: Trace events per steady segment at most (any split gives the same result, as a time chunk does).
+SEGMENT_MAX = 1 << 15
 _COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "arrive": np.int64, "dead": np.int64, "state": np.int8,
     "err": np.int8, "pe": np.int64, "po": np.int64, "ack": np.int64, "vis": np.int64, "tb": np.int64,
@@ -94,6 +96,21 @@ def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
         if nb == end:
             j += 1
     return pos
+
+
+def _count_upto(base: np.ndarray, new: np.ndarray, upto: np.ndarray) -> np.ndarray:
+    """Entries of the log `base` then `new` (append times, ascending) appended at or before each `upto`."""
+    count = np.searchsorted(base, upto, side="right")
+    return np.where(count == len(base), len(base) + np.searchsorted(new, upto, side="right"), count)
+
+
+def _at_offsets(base: np.ndarray, new: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(`base` then `new`)[offsets] without the concatenation."""
+    out = np.empty(len(offsets), dtype=np.int64)
+    low = offsets < len(base)
+    out[low] = base[offsets[low]]
+    out[~low] = new[offsets[~low] - len(base)]
+    return out
 
 
 def _runs_array(runs: list[list[int]]) -> np.ndarray:
@@ -254,6 +271,7 @@ class GroupReplay:
         self.timeline = Timeline(window_us)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
+        self.segment_max = SEGMENT_MAX
 
     # ================================================================================== family hooks
     def _flush_mode(self) -> str:
@@ -630,6 +648,8 @@ class GroupReplay:
                 hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
                 if hi <= self.s_pos:
                     return
+                # bounded: a SyncStateSet expansion cuts a segment, and the work past the cut is redone
+                hi = min(hi, self.s_pos + self.segment_max)
                 sl = slice(self.s_pos, hi)
                 self.s_pos += self._segment({
                     "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
@@ -637,6 +657,7 @@ class GroupReplay:
                     "row": np.full(hi - self.s_pos, -1, dtype=np.int64),
                     "pay": {k: v[sl] for k, v in self.s_pay.items()},
                 })
+                self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
                 continue
             due = due_segment(self.s_key, self.s_pos, self.sched_key, limit_key)
             if due is None:
@@ -657,6 +678,7 @@ class GroupReplay:
             self.s_pos += took_tr
             took_sched = consumed - took_tr
             self.sched_key, self.sched_row = self.sched_key[took_sched:], self.sched_row[took_sched:]
+            self._compact()
 
     def _segment(self, seg: dict) -> int:
         """One steady segment; returns how many events it consumed (fewer if a SyncStateSet expansion cuts it)."""
@@ -673,9 +695,8 @@ class GroupReplay:
         to_leader = srv is not None and srv == ldr
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         leo_after = leo0 + np.cumsum(appended) if to_leader else np.full(n, leo0, dtype=np.int64)
-        lead_app = self.lead_app.view
-        if to_leader and appended.any():
-            lead_app = np.concatenate([lead_app, ts[appended]])
+        # the leader's append times: its log so far, then this segment's appends (never concatenated: O(log))
+        lead_app, new_app = self.lead_app.view, ts[appended] if to_leader else ts[:0]
         # ----- follower reports (SPEC §3.2 rule 5)
         fser: dict[int, np.ndarray] = {}
         follow: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -686,7 +707,7 @@ class GroupReplay:
             i = self.ix[b]
             idx = np.flatnonzero(rep & (seg["broker"] == b)) if self.cp.alive(b) else np.zeros(0, dtype=np.int64)
             if len(idx):
-                count = np.minimum(np.searchsorted(lead_app, seg["upto"][idx], side="right"), leo_after[idx])
+                count = np.minimum(_count_upto(lead_app, new_app, seg["upto"][idx]), leo_after[idx])
                 new_len = np.maximum.accumulate(np.maximum(count, self.log_len[i]))
                 caught = new_len == leo_after[idx]
                 lcu = np.maximum.accumulate(np.maximum(np.where(caught, ts[idx], seg["upto"][idx]), self.lcu[i]))
@@ -844,7 +865,7 @@ class GroupReplay:
             stall = np.full(k, INF, dtype=np.int64)
             waiting = a < leo
             if waiting.any():
-                stall[waiting] = out["app_srv"][a[waiting]] + timeout
+                stall[waiting] = _at_offsets(*out["app_srv"], a[waiting]) + timeout
             return stall
         return np.full(k, self._avail()[1] if out.get("acks_at_append") is False else INF, dtype=np.int64)
 
@@ -947,14 +968,14 @@ class ClassicReplay(GroupReplay):
         out.update(ack=ack, acks_at_append=False, leo_srv=ctx["leo"], app_srv=self._app_ext(ctx))
         return out
 
-    def _app_ext(self, ctx: dict) -> np.ndarray:
+    def _app_ext(self, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The serving leader's append times by offset: (its log before the segment, the segment's appends)."""
         app = self.lead_app.view
-        extra = int(ctx["leo"][-1]) - len(app)
-        if extra > 0:
-            ts = ctx["ts"]
+        extra = ctx["ts"][:0]
+        if int(ctx["leo"][-1]) > len(app):
             arrivals = np.flatnonzero(np.diff(np.concatenate([[len(app)], ctx["leo"]])) > 0)
-            app = np.concatenate([app, ts[arrivals]])
-        return np.append(app, INF)
+            extra = ctx["ts"][arrivals]
+        return app, np.append(extra, INF)
 
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols
