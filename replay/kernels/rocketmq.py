@@ -20,6 +20,7 @@ epoch's leader appended; messages are kept only until their outcome is settled.
 from __future__ import annotations
 
 import heapq
+from enum import IntEnum
 
 import numpy as np
 
@@ -62,7 +63,20 @@ from schemas.trace import Kind
 
 MS = 1000
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-WAITING, ACKED, FAILED, PREARRIVE = range(4)
+
+
+class MsgState(IntEnum):
+    """A pending message's state (the `state` column): waiting for its answer, answered, or not yet arrived
+    (a DLedger retry scheduled for later, C2)."""
+
+    WAITING = 0
+    ACKED = 1
+    FAILED = 2
+    PREARRIVE = 3
+
+
+WAITING, ACKED, FAILED, PREARRIVE = MsgState
+
 #: Trace events per steady segment at most (any split gives the same result, as a time chunk does).
 SEGMENT_MAX = 1 << 15
 _COLS = {
@@ -269,6 +283,7 @@ class GroupReplay:
         self.replication_bytes = 0
         self.cur_t = 0
         self.timeline = Timeline(window_us)
+        self.handlers: dict = {}  # engine-derived event -> its handler (t, arg)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
         self.segment_max = SEGMENT_MAX
@@ -375,7 +390,7 @@ class GroupReplay:
                 ci += 1
             elif self.heap and self.heap[0][0] == k:
                 _, _, what, arg = heapq.heappop(self.heap)
-                getattr(self, "_on_" + what)(t, arg)
+                self.handlers[what](t, arg)
             else:
                 self.cp.pop()
             self._after_control(t)
@@ -1151,6 +1166,7 @@ class ControllerReplay(GroupReplay):
         self.k = policy.in_sync_replicas
         self.lead_for_cache = self.master
         self.housekeeping: dict[int, int] = {}  # slave -> when its silent HA connection is closed (C-1)
+        self.handlers = {"check": self._on_check, "housekeeping": self._on_housekeeping}
         self._push(FIRST_SYNC_STATE_CHECK_MS * MS, C_CHECK, "check", 0)  # SPEC §3.7 C-1
 
     def _push(self, t: int, code: int, what: str, arg: int) -> None:
