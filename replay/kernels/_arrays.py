@@ -216,3 +216,36 @@ class Timeline:
             self.rows.append(self.cand)
             self.cand = None
         return self.rows
+
+
+# --------------------------------------------------------------------------------- logs as runs of epochs
+# A log is a list of runs [epoch, start, end): entries [start, end) were appended by that epoch's leader.
+def prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
+    """The runs of the log's first `length` entries."""
+    out = []
+    for e, s, end in runs:
+        if s >= length:
+            break
+        out.append([e, s, min(end, length)])
+    return out
+
+
+def common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
+    """Entries two logs share: same epoch at every offset (the log matching property; KIP-101/279)."""
+    i = j = pos = 0
+    while i < len(a) and j < len(b):
+        ea, _, na = a[i]
+        eb, _, nb = b[j]
+        if ea != eb:
+            return pos
+        end = min(na, nb)
+        pos = end
+        if na == end:
+            i += 1
+        if nb == end:
+            j += 1
+    return pos
+
+
+def runs_array(runs: list[list[int]]) -> np.ndarray:
+    return np.array(runs, dtype=np.int64).reshape(-1, 3)

@@ -29,11 +29,14 @@ from replay.kernels._arrays import (
     Grow,
     Table,
     Timeline,
+    common_prefix,
     due_segment,
     forward_fill,
     is_ascending,
     kth_largest_columns,
     merge_order,
+    prefix_runs,
+    runs_array,
 )
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
@@ -86,32 +89,6 @@ _COLS = {
 }
 
 
-def _prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
-    out = []
-    for e, s, end in runs:
-        if s >= length:
-            break
-        out.append([e, s, min(end, length)])
-    return out
-
-
-def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
-    """Entries two logs share: same epoch at every offset (the log matching property)."""
-    i = j = pos = 0
-    while i < len(a) and j < len(b):
-        ea, _, na = a[i]
-        eb, _, nb = b[j]
-        if ea != eb:
-            return pos
-        end = min(na, nb)
-        pos = end
-        if na == end:
-            i += 1
-        if nb == end:
-            j += 1
-    return pos
-
-
 def _count_upto(base: np.ndarray, new: np.ndarray, upto: np.ndarray) -> np.ndarray:
     """Entries of the log `base` then `new` (append times, ascending) appended at or before each `upto`."""
     count = np.searchsorted(base, upto, side="right")
@@ -125,10 +102,6 @@ def _at_offsets(base: np.ndarray, new: np.ndarray, offsets: np.ndarray) -> np.nd
     out[low] = base[offsets[low]]
     out[~low] = new[offsets[~low] - len(base)]
     return out
-
-
-def _runs_array(runs: list[list[int]]) -> np.ndarray:
-    return np.array(runs, dtype=np.int64).reshape(-1, 3)
 
 
 def _kth_largest(stack: np.ndarray, k: int) -> np.ndarray:
@@ -406,7 +379,7 @@ class GroupReplay:
         end_runs, end_hw, end_up = self._end_view()
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
-        view = FinalView(None if final is None else _runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
+        view = FinalView(None if final is None else runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
         parts = [*self.done, self._records(np.ones(self.pend.n, dtype=bool))]
         for part in parts:  # every part carries every payload key
             part.payload = {k: part.payload.get(k, np.full(len(part), -1, dtype=np.int64))
@@ -489,7 +462,7 @@ class GroupReplay:
             self._ack_rows(rows, np.full(len(rows), t, dtype=np.int64))
 
     def _held(self, b: int, rows: np.ndarray) -> np.ndarray:
-        return runs_contain(_runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
+        return runs_contain(runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
 
     def _mark_visible(self, t: int, b: int, lo: int, hi: int) -> None:
         if self.pend.n == 0 or hi <= lo:
@@ -543,7 +516,7 @@ class GroupReplay:
         if maybe.any():
             alive = np.zeros(n, dtype=bool)
             for runs in self.runs:
-                alive |= runs_contain(_runs_array(runs), pe, po)
+                alive |= runs_contain(runs_array(runs), pe, po)
             settled |= maybe & ~alive
         if settled.sum() < n // 2:
             return
@@ -591,7 +564,7 @@ class GroupReplay:
         length = min(length, int(self.log_len[i]))
         if length == self.log_len[i]:
             return
-        self.runs[i] = _prefix_runs(self.runs[i], length)
+        self.runs[i] = prefix_runs(self.runs[i], length)
         self.log_len[i] = length
         self.nbytes[i] = self._cum_bytes(i, length)
         self.fetched[i] = min(self.fetched[i], length)
@@ -603,7 +576,7 @@ class GroupReplay:
         """C1: broker i takes broker src's log (as if it caught up from it before leading)."""
         if i == src:
             return
-        n = _common_prefix(self.runs[i], self.runs[src])
+        n = common_prefix(self.runs[i], self.runs[src])
         self._truncate(i, n)
         total = int(self.log_len[src])
         if total > n:
@@ -618,7 +591,7 @@ class GroupReplay:
 
     def _follow(self, i: int, leader: int) -> None:
         """Broker i keeps only the prefix it shares with leader's log."""
-        self._truncate(i, _common_prefix(self.runs[i], self.runs[self.ix[leader]]))
+        self._truncate(i, common_prefix(self.runs[i], self.runs[self.ix[leader]]))
 
     def _rebuild_leader_cache(self) -> None:
         ldr = self._data_leader()
@@ -779,7 +752,7 @@ class GroupReplay:
             if final > self.log_len[i]:
                 cum = self.lead_cum.view  # extended by this segment's appends (_append_entries)
                 self.replication_bytes += int(cum[final] - cum[int(self.log_len[i])])
-                self.runs[i] = _prefix_runs(self.runs[li], final)
+                self.runs[i] = prefix_runs(self.runs[li], final)
                 self.flush[i].write(ts[idx[grew]], new_len[grew], cum[new_len[grew]])
                 self.nbytes[i] = int(cum[final])
             self.log_len[i] = final
@@ -819,7 +792,7 @@ class GroupReplay:
             v = self.pend.cols["vis"]
             cand = np.flatnonzero((po >= lo) & (po < vis[-1]) & (v[:n] == NULL_US) & (pe >= 0))
             if len(cand):
-                cand = cand[runs_contain(_runs_array(self.runs[li]), pe[cand], po[cand])]
+                cand = cand[runs_contain(runs_array(self.runs[li]), pe[cand], po[cand])]
                 at = np.searchsorted(vis, po[cand], side="right")
                 v[cand] = ts[np.minimum(at, len(ts) - 1)]
 
@@ -1031,7 +1004,7 @@ class ClassicReplay(GroupReplay):
             m_len = int(self.log_len[0])
             for s in sources:
                 i = self.ix[s]
-                if self.log_len[i] > m_len and _common_prefix(self.runs[i], self.runs[0]) == m_len and (
+                if self.log_len[i] > m_len and common_prefix(self.runs[i], self.runs[0]) == m_len and (
                         best is None or self.log_len[i] > self.log_len[self.ix[best]]):
                     best = s
             if best is not None:
@@ -1046,7 +1019,7 @@ class ClassicReplay(GroupReplay):
         for b in self.order:
             if self.cp.up[b]:
                 i = self.ix[b]
-                return _runs_array(self.runs[i]), int(self.log_len[i]), True
+                return runs_array(self.runs[i]), int(self.log_len[i]), True
         return np.zeros((0, 3), dtype=np.int64), 0, False
 
     def _recover(self, t: int) -> int:
@@ -1138,7 +1111,7 @@ class DLedgerReplay(GroupReplay):
         ldr = self.leader
         if ldr is None or not self.cp.up[ldr]:
             return np.zeros((0, 3), dtype=np.int64), 0, False
-        return _runs_array(self.runs[self.ix[ldr]]), self.commit, True
+        return runs_array(self.runs[self.ix[ldr]]), self.commit, True
 
     def _recover(self, t: int) -> int:
         for b in self.order:
@@ -1462,7 +1435,7 @@ class ControllerReplay(GroupReplay):
             return np.zeros((0, 3), dtype=np.int64), 0, False
         si = self.ix[srv]
         point = (self.zombie["hw"] if self._is_zombie(srv) else self.hw) if self.all_ack else int(self.log_len[si])
-        return _runs_array(self.runs[si]), point, True
+        return runs_array(self.runs[si]), point, True
 
     def _recover(self, t: int) -> int:
         m = self.master
