@@ -128,3 +128,144 @@ def reserve_rows(table: Table, k: int) -> None:
             new = np.zeros(cap, dtype=arr.dtype)
             new[: table.n] = arr[: table.n]
             table.cols[name] = new
+
+
+# ------------------------------------------------------------------------------------------ compiled helpers
+@compiled
+def kth_largest_columns(stack: np.ndarray, k: int) -> np.ndarray:
+    """Column-wise k-th largest over the rows of `stack` (k ≥ 1); 0 where there are fewer than k rows."""
+    m, n = stack.shape
+    out = np.zeros(n, dtype=np.int64)
+    if k > m:
+        return out
+    buf = np.empty(m, dtype=np.int64)
+    for j in range(n):
+        for r in range(m):  # insertion sort, descending: m is a group's size (≤ 10)
+            v = stack[r, j]
+            i = r
+            while i > 0 and buf[i - 1] < v:
+                buf[i] = buf[i - 1]
+                i -= 1
+            buf[i] = v
+        out[j] = buf[k - 1]
+    return out
+
+
+@compiled
+def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
+    """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
+    out = np.empty(n, dtype=np.int64)
+    cur = initial
+    i = 0
+    for j in range(n):
+        while i < len(idx) and idx[i] <= j:
+            cur = values[i]
+            i += 1
+        out[j] = cur
+    return out
+
+
+@compiled
+def merge_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For ascending `a` and `b`, the order that stably sorts their concatenation (`a` first on equal keys):
+    np.argsort(np.concatenate([a, b]), kind="stable") in one linear pass."""
+    na, nb = len(a), len(b)
+    out = np.empty(na + nb, dtype=np.int64)
+    i = j = 0
+    for o in range(na + nb):
+        if j >= nb or (i < na and a[i] <= b[j]):
+            out[o] = i
+            i += 1
+        else:
+            out[o] = na + j
+            j += 1
+    return out
+
+
+def is_ascending(a: np.ndarray) -> bool:
+    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
+
+
+class Timeline:
+    """What a kernel records at the end of every instant (SPEC §4.2-4.3): timeline rows, coalesced as
+    `replay.results.coalesce_states` does (every control change and the last row of each window), and the
+    unavailability intervals between instants. Rows are `replay.results.StateRow`s."""
+
+    def __init__(self, window_us: int) -> None:
+        self.window_us = window_us
+        self.rows: list = []
+        self.last = None  # the last row offered
+        self.cand = None  # the window's last row, emitted once a later window starts
+        self.av_prev: tuple[int, bool, int] | None = None  # (instant, blocked, stall start) of the open instant
+        self.unavail: list[tuple[int, int]] = []
+
+    def offer(self, row) -> None:
+        last = self.last
+        if last is not None and (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) == (
+                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
+            return
+        control = last is None or row.control_key() != last.control_key()
+        cand = self.cand
+        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
+            self.rows.append(cand)
+        self.cand = None
+        if control:
+            self.rows.append(row)
+        else:
+            self.cand = row
+        self.last = row
+
+    def end_instant(self, row, blocked: bool, stall_from: int) -> None:
+        """Record instant `row.ts_us`: its row, and its availability, which holds until the next instant."""
+        self.offer(row)
+        if self.av_prev is not None:
+            self.close(row.ts_us)
+        self.av_prev = (row.ts_us, blocked, stall_from)
+
+    def close(self, t_end: int) -> None:
+        t0, blocked, stall_from = self.av_prev
+        if blocked:
+            self.unavail.append((t0, t_end))
+        elif stall_from < t_end:
+            self.unavail.append((max(t0, stall_from), t_end))
+
+    def finish(self, t_end: int) -> list:
+        """Close the last instant at t_end; returns the rows."""
+        self.close(t_end)
+        if self.cand is not None:
+            self.rows.append(self.cand)
+            self.cand = None
+        return self.rows
+
+
+# --------------------------------------------------------------------------------- logs as runs of epochs
+# A log is a list of runs [epoch, start, end): entries [start, end) were appended by that epoch's leader.
+def prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
+    """The runs of the log's first `length` entries."""
+    out = []
+    for e, s, end in runs:
+        if s >= length:
+            break
+        out.append([e, s, min(end, length)])
+    return out
+
+
+def common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
+    """Entries two logs share: same epoch at every offset (the log matching property; KIP-101/279)."""
+    i = j = pos = 0
+    while i < len(a) and j < len(b):
+        ea, _, na = a[i]
+        eb, _, nb = b[j]
+        if ea != eb:
+            return pos
+        end = min(na, nb)
+        pos = end
+        if na == end:
+            i += 1
+        if nb == end:
+            j += 1
+    return pos
+
+
+def runs_array(runs: list[list[int]]) -> np.ndarray:
+    return np.array(runs, dtype=np.int64).reshape(-1, 3)

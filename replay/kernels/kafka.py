@@ -23,7 +23,7 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, Table
+from replay.kernels._arrays import Grow, Table, prefix_runs, runs_array
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
     C_REPLICATE,
@@ -32,8 +32,6 @@ from replay.kernels.kafka_common import (
     PAYLOAD,
     PENDING_COLS,
     key,
-    prefix_runs,
-    runs_array,
 )
 from replay.kernels.kafka_control import KafkaControl
 from replay.kernels.kafka_outputs import KafkaOutputs

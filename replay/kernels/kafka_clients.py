@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.kernels._arrays import runs_array
 from replay.kernels.kafka_common import (
     ACKED,
     APPENDED,
@@ -14,7 +15,6 @@ from replay.kernels.kafka_common import (
     REFUSED,
     WAITING,
     key,
-    runs_array,
 )
 from replay.policies import Acks
 from replay.results import (

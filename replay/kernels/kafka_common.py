@@ -27,36 +27,3 @@ COMPACT_AT = 32768  # pending messages from which a stretch hands the settled on
 def key(ts, code):
     """Events sort by ts, then by their position within the instant (SPEC §2.2)."""
     return ts * 16 + code
-
-
-def prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
-    """The first `length` entries of a log given as (epoch, start, end) runs."""
-    out = []
-    for e, s, end in runs:
-        if s >= length:
-            break
-        out.append([e, s, min(end, length)])
-    return out
-
-
-def common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
-    """Length of the prefix two logs share: same leader epoch at every offset (KIP-101/279)."""
-    i = j = 0
-    pos = 0
-    while i < len(a) and j < len(b):
-        ea, _, na = a[i]
-        eb, _, nb = b[j]
-        if ea != eb:
-            return pos
-        end = min(na, nb)
-        pos = end
-        if na == end:
-            i += 1
-        if nb == end:
-            j += 1
-    return pos
-
-
-def runs_array(runs: list[list[int]]) -> np.ndarray:
-    """Runs as an (n, 3) int64 array (`replay.results.runs_contain`)."""
-    return np.array(runs, dtype=np.int64).reshape(-1, 3)

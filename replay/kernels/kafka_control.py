@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kernels._arrays import Grow
+from replay.kernels._arrays import Grow, common_prefix
 from replay.kernels.kafka_common import (
     C_CLIENT,
     C_FENCE,
     C_TICK,
     MS,
-    common_prefix,
 )
 from schemas.trace import Kind
 

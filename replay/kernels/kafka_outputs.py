@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from replay.kernels import kafka_steady as steady
+from replay.kernels._arrays import runs_array
 from replay.kernels.kafka_common import (
     ACKED,
     APPENDED,
     FAILED,
     MS,
     PAYLOAD,
-    runs_array,
 )
 from replay.kernels.kafka_steady import INF
 from replay.policies import Acks

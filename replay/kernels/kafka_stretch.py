@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, reserve, reserve_rows
+from replay.kernels._arrays import Grow, prefix_runs, reserve, reserve_rows, runs_array
 from replay.kernels.kafka_common import (
     COMPACT_AT,
     MS,
-    prefix_runs,
-    runs_array,
 )
 from replay.kernels.kafka_steady import INF, AckCode
 from replay.policies import Acks

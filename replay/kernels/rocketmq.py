@@ -20,11 +20,24 @@ epoch's leader appended; messages are kept only until their outcome is settled.
 from __future__ import annotations
 
 import heapq
+from enum import IntEnum
 
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.kernels._arrays import Grow, Table, due_segment
+from replay.kernels._arrays import (
+    Grow,
+    Table,
+    Timeline,
+    common_prefix,
+    due_segment,
+    forward_fill,
+    is_ascending,
+    kth_largest_columns,
+    merge_order,
+    prefix_runs,
+    runs_array,
+)
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
     OS_WRITEBACK_EXPIRE_MS,
@@ -53,7 +66,22 @@ from schemas.trace import Kind
 
 MS = 1000
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-WAITING, ACKED, FAILED, PREARRIVE = range(4)
+
+
+class MsgState(IntEnum):
+    """A pending message's state (the `state` column): waiting for its answer, answered, or not yet arrived
+    (a DLedger retry scheduled for later, C2)."""
+
+    WAITING = 0
+    ACKED = 1
+    FAILED = 2
+    PREARRIVE = 3
+
+
+WAITING, ACKED, FAILED, PREARRIVE = MsgState
+
+#: Trace events per steady segment at most (any split gives the same result, as a time chunk does).
+SEGMENT_MAX = 1 << 15
 _COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "arrive": np.int64, "dead": np.int64, "state": np.int8,
     "err": np.int8, "pe": np.int64, "po": np.int64, "ack": np.int64, "vis": np.int64, "tb": np.int64,
@@ -61,34 +89,19 @@ _COLS = {
 }
 
 
-def _prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
-    out = []
-    for e, s, end in runs:
-        if s >= length:
-            break
-        out.append([e, s, min(end, length)])
+def _count_upto(base: np.ndarray, new: np.ndarray, upto: np.ndarray) -> np.ndarray:
+    """Entries of the log `base` then `new` (append times, ascending) appended at or before each `upto`."""
+    count = np.searchsorted(base, upto, side="right")
+    return np.where(count == len(base), len(base) + np.searchsorted(new, upto, side="right"), count)
+
+
+def _at_offsets(base: np.ndarray, new: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(`base` then `new`)[offsets] without the concatenation."""
+    out = np.empty(len(offsets), dtype=np.int64)
+    low = offsets < len(base)
+    out[low] = base[offsets[low]]
+    out[~low] = new[offsets[~low] - len(base)]
     return out
-
-
-def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
-    """Entries two logs share: same epoch at every offset (the log matching property)."""
-    i = j = pos = 0
-    while i < len(a) and j < len(b):
-        ea, _, na = a[i]
-        eb, _, nb = b[j]
-        if ea != eb:
-            return pos
-        end = min(na, nb)
-        pos = end
-        if na == end:
-            i += 1
-        if nb == end:
-            j += 1
-    return pos
-
-
-def _runs_array(runs: list[list[int]]) -> np.ndarray:
-    return np.array(runs, dtype=np.int64).reshape(-1, 3)
 
 
 def _kth_largest(stack: np.ndarray, k: int) -> np.ndarray:
@@ -100,12 +113,7 @@ def _kth_largest(stack: np.ndarray, k: int) -> np.ndarray:
         return stack.max(axis=0)
     if k == m:
         return stack.min(axis=0)
-    # the largest value that at least k rows reach (m ≤ 10 rows: m² comparisons beat a column sort)
-    out = np.full(stack.shape[1], np.iinfo(np.int64).min, dtype=np.int64)
-    for r in range(m):
-        reached = (stack >= stack[r]).sum(axis=0) >= k
-        np.maximum(out, np.where(reached, stack[r], out), out=out)
-    return out
+    return kth_largest_columns(np.ascontiguousarray(stack, dtype=np.int64), k)
 
 
 class FlushState:
@@ -223,7 +231,6 @@ class GroupReplay:
         self.order = tuple(members)
         self.ix = {b: i for i, b in enumerate(self.order)}
         self.duration_us = duration_us
-        self.window_us = window_us
         n = len(self.order)
         self.cp = control_plane(policy, self.order, hooks=self)
         self.log_len = np.zeros(n, dtype=np.int64)
@@ -248,13 +255,11 @@ class GroupReplay:
         self.done: list[MessageRecords] = []
         self.replication_bytes = 0
         self.cur_t = 0
-        self.last_row: StateRow | None = None
-        self.row_cand: StateRow | None = None
-        self.rows_out: list[StateRow] = []
-        self.av_prev: tuple[int, bool, int] | None = None
-        self.unavail: list[tuple[int, int]] = []
+        self.timeline = Timeline(window_us)
+        self.handlers: dict = {}  # engine-derived event -> its handler (t, arg)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
+        self.segment_max = SEGMENT_MAX
 
     # ================================================================================== family hooks
     def _flush_mode(self) -> str:
@@ -322,8 +327,11 @@ class GroupReplay:
             self._schedule_arrivals(ev, payload, later, delay)
         now = ~unrouted & ~later
         p_ts = ev.produce_ts[now]
-        s_key = np.concatenate([key_of(bts[rep], C_REPLICATE), key_of(p_ts, C_PRODUCE)])
-        order = np.argsort(s_key, kind="stable")
+        r_key, p_key = key_of(bts[rep], C_REPLICATE), key_of(p_ts, C_PRODUCE)
+        s_key = np.concatenate([r_key, p_key])
+        # both sources come time-ordered: a linear merge (stable, replications first on equal keys)
+        order = merge_order(r_key, p_key) if is_ascending(r_key) and is_ascending(p_key) else \
+            np.argsort(s_key, kind="stable")
         nrep = int(rep.sum())
         is_rep = order < nrep
         ridx = np.where(is_rep, order, 0)
@@ -355,7 +363,7 @@ class GroupReplay:
                 ci += 1
             elif self.heap and self.heap[0][0] == k:
                 _, _, what, arg = heapq.heappop(self.heap)
-                getattr(self, "_on_" + what)(t, arg)
+                self.handlers[what](t, arg)
             else:
                 self.cp.pop()
             self._after_control(t)
@@ -367,21 +375,18 @@ class GroupReplay:
             self.advance(PartitionEvents.empty(), self.duration_us + 1)
         self._resolve(self.duration_us + 1)
         self._clock(INF)
-        self._close_avail(self.duration_us)
-        if self.row_cand is not None:
-            self.rows_out.append(self.row_cand)
-            self.row_cand = None
+        rows = self.timeline.finish(self.duration_us)
         end_runs, end_hw, end_up = self._end_view()
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
-        view = FinalView(None if final is None else _runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
+        view = FinalView(None if final is None else runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
         parts = [*self.done, self._records(np.ones(self.pend.n, dtype=bool))]
         for part in parts:  # every part carries every payload key
             part.payload = {k: part.payload.get(k, np.full(len(part), -1, dtype=np.int64))
                             for k in self.payload_keys or ()}
         records = MessageRecords.concat(parts)
         records = records.sorted_by_msg_id()
-        result = PartitionResult(self.unit, judge(records, view), self.rows_out, merge_intervals(self.unavail),
+        result = PartitionResult(self.unit, judge(records, view), rows, merge_intervals(self.timeline.unavail),
                                  replication_bytes)
         result.view = view  # type: ignore[attr-defined]
         return result
@@ -398,11 +403,9 @@ class GroupReplay:
             self.pend.cols[k] = np.full(len(self.pend.cols["msg"]), -1, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
-        k = len(msg)
+        # scalars broadcast into the table's columns (no per-column temporaries)
         cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
-                    state=np.full(k, state, np.int8), err=np.zeros(k, np.int8), pe=np.full(k, -1),
-                    po=np.full(k, -1), ack=np.full(k, NULL_US), vis=np.full(k, NULL_US), tb=np.full(k, -1),
-                    tinc=np.zeros(k, np.int64), tep=np.full(k, -1))
+                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
         for name in self.payload_keys or ():
             cols[name] = payload[name]
         return self.pend.append(**cols)
@@ -459,7 +462,7 @@ class GroupReplay:
             self._ack_rows(rows, np.full(len(rows), t, dtype=np.int64))
 
     def _held(self, b: int, rows: np.ndarray) -> np.ndarray:
-        return runs_contain(_runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
+        return runs_contain(runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
 
     def _mark_visible(self, t: int, b: int, lo: int, hi: int) -> None:
         if self.pend.n == 0 or hi <= lo:
@@ -513,7 +516,7 @@ class GroupReplay:
         if maybe.any():
             alive = np.zeros(n, dtype=bool)
             for runs in self.runs:
-                alive |= runs_contain(_runs_array(runs), pe, po)
+                alive |= runs_contain(runs_array(runs), pe, po)
             settled |= maybe & ~alive
         if settled.sum() < n // 2:
             return
@@ -561,7 +564,7 @@ class GroupReplay:
         length = min(length, int(self.log_len[i]))
         if length == self.log_len[i]:
             return
-        self.runs[i] = _prefix_runs(self.runs[i], length)
+        self.runs[i] = prefix_runs(self.runs[i], length)
         self.log_len[i] = length
         self.nbytes[i] = self._cum_bytes(i, length)
         self.fetched[i] = min(self.fetched[i], length)
@@ -573,7 +576,7 @@ class GroupReplay:
         """C1: broker i takes broker src's log (as if it caught up from it before leading)."""
         if i == src:
             return
-        n = _common_prefix(self.runs[i], self.runs[src])
+        n = common_prefix(self.runs[i], self.runs[src])
         self._truncate(i, n)
         total = int(self.log_len[src])
         if total > n:
@@ -588,7 +591,7 @@ class GroupReplay:
 
     def _follow(self, i: int, leader: int) -> None:
         """Broker i keeps only the prefix it shares with leader's log."""
-        self._truncate(i, _common_prefix(self.runs[i], self.runs[self.ix[leader]]))
+        self._truncate(i, common_prefix(self.runs[i], self.runs[self.ix[leader]]))
 
     def _rebuild_leader_cache(self) -> None:
         ldr = self._data_leader()
@@ -628,6 +631,22 @@ class GroupReplay:
     def _stream(self, limit_key: int) -> None:
         """Process replicate/produce events and scheduled arrivals with keys below `limit_key`."""
         while True:
+            if not len(self.sched_key) or self.sched_key[0] >= limit_key:
+                # no scheduled arrival due: the segment is a slice of the trace stream (views, no merge)
+                hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
+                if hi <= self.s_pos:
+                    return
+                # bounded: a SyncStateSet expansion cuts a segment, and the work past the cut is redone
+                hi = min(hi, self.s_pos + self.segment_max)
+                sl = slice(self.s_pos, hi)
+                self.s_pos += self._segment({
+                    "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
+                    "upto": self.s_upto[sl], "msg": self.s_msg[sl], "size": self.s_size[sl],
+                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64),
+                    "pay": {k: v[sl] for k, v in self.s_pay.items()},
+                })
+                self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
+                continue
             due = due_segment(self.s_key, self.s_pos, self.sched_key, limit_key)
             if due is None:
                 return
@@ -647,6 +666,7 @@ class GroupReplay:
             self.s_pos += took_tr
             took_sched = consumed - took_tr
             self.sched_key, self.sched_row = self.sched_key[took_sched:], self.sched_row[took_sched:]
+            self._compact()
 
     def _segment(self, seg: dict) -> int:
         """One steady segment; returns how many events it consumed (fewer if a SyncStateSet expansion cuts it)."""
@@ -663,9 +683,8 @@ class GroupReplay:
         to_leader = srv is not None and srv == ldr
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         leo_after = leo0 + np.cumsum(appended) if to_leader else np.full(n, leo0, dtype=np.int64)
-        lead_app = self.lead_app.view
-        if to_leader and appended.any():
-            lead_app = np.concatenate([lead_app, ts[appended]])
+        # the leader's append times: its log so far, then this segment's appends (never concatenated: O(log))
+        lead_app, new_app = self.lead_app.view, ts[appended] if to_leader else ts[:0]
         # ----- follower reports (SPEC §3.2 rule 5)
         fser: dict[int, np.ndarray] = {}
         follow: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -676,13 +695,12 @@ class GroupReplay:
             i = self.ix[b]
             idx = np.flatnonzero(rep & (seg["broker"] == b)) if self.cp.alive(b) else np.zeros(0, dtype=np.int64)
             if len(idx):
-                count = np.minimum(np.searchsorted(lead_app, seg["upto"][idx], side="right"), leo_after[idx])
+                count = np.minimum(_count_upto(lead_app, new_app, seg["upto"][idx]), leo_after[idx])
                 new_len = np.maximum.accumulate(np.maximum(count, self.log_len[i]))
                 caught = new_len == leo_after[idx]
                 lcu = np.maximum.accumulate(np.maximum(np.where(caught, ts[idx], seg["upto"][idx]), self.lcu[i]))
                 follow[b] = (idx, new_len, lcu)
-                pos = np.searchsorted(idx, np.arange(n), side="right") - 1
-                fser[b] = np.where(pos >= 0, new_len[np.maximum(pos, 0)], self.fetched[i])
+                fser[b] = forward_fill(idx, new_len, n, int(self.fetched[i]))
             else:
                 fser[b] = np.full(n, self.fetched[i], dtype=np.int64)
         ctx = {"ts": ts, "n": n, "ldr": ldr, "leo": leo_after, "fser": fser, "follow": follow, "srv": srv,
@@ -734,7 +752,7 @@ class GroupReplay:
             if final > self.log_len[i]:
                 cum = self.lead_cum.view  # extended by this segment's appends (_append_entries)
                 self.replication_bytes += int(cum[final] - cum[int(self.log_len[i])])
-                self.runs[i] = _prefix_runs(self.runs[li], final)
+                self.runs[i] = prefix_runs(self.runs[li], final)
                 self.flush[i].write(ts[idx[grew]], new_len[grew], cum[new_len[grew]])
                 self.nbytes[i] = int(cum[final])
             self.log_len[i] = final
@@ -774,7 +792,7 @@ class GroupReplay:
             v = self.pend.cols["vis"]
             cand = np.flatnonzero((po >= lo) & (po < vis[-1]) & (v[:n] == NULL_US) & (pe >= 0))
             if len(cand):
-                cand = cand[runs_contain(_runs_array(self.runs[li]), pe[cand], po[cand])]
+                cand = cand[runs_contain(runs_array(self.runs[li]), pe[cand], po[cand])]
                 at = np.searchsorted(vis, po[cand], side="right")
                 v[cand] = ts[np.minimum(at, len(ts) - 1)]
 
@@ -791,38 +809,8 @@ class GroupReplay:
     def _clock(self, t: int) -> None:
         """Moving to time t closes the current instant: record its end state."""
         if t > self.cur_t:
-            self._end_instant(self._state_row(self.cur_t), *self._avail())
+            self.timeline.end_instant(self._state_row(self.cur_t), *self._avail())
             self.cur_t = t
-
-    def _end_instant(self, row: StateRow, blocked: bool, stall_from: int) -> None:
-        self._offer_row(row)
-        if self.av_prev is not None:
-            self._close_avail(row.ts_us)
-        self.av_prev = (row.ts_us, blocked, stall_from)
-
-    def _offer_row(self, row: StateRow) -> None:
-        last = self.last_row
-        if last is not None and (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) == (
-                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
-            return
-        # coalesce as replay.results.coalesce_states: every control change and the last row of each window
-        control = last is None or row.control_key() != last.control_key()
-        cand = self.row_cand
-        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
-            self.rows_out.append(cand)
-        self.row_cand = None
-        if control:
-            self.rows_out.append(row)
-        else:
-            self.row_cand = row
-        self.last_row = row
-
-    def _close_avail(self, t_end: int) -> None:
-        t0, blocked, stall_from = self.av_prev
-        if blocked:
-            self.unavail.append((t0, t_end))
-        elif stall_from < t_end:
-            self.unavail.append((max(t0, stall_from), t_end))
 
     def _instants(self, ts, out, leo_after, srv, refusing) -> None:
         """Close every instant of the segment but the last: timeline rows and availability (vectorized)."""
@@ -835,22 +823,23 @@ class GroupReplay:
             hw_i = hw[closed] if hw is not None else leo_i
             changed = np.flatnonzero((leo_i[1:] != leo_i[:-1]) | (hw_i[1:] != hw_i[:-1])) + 1
             if len(changed):
-                win = tc[changed] // self.window_us
+                win = tc[changed] // self.timeline.window_us
                 changed = changed[np.append(win[1:] != win[:-1], True)]
             for j in np.concatenate([[0], changed]).astype(np.int64):
-                self._offer_row(self._state_row(int(tc[j]), int(leo_i[j]), int(hw_i[j])))
+                self.timeline.offer(self._state_row(int(tc[j]), int(leo_i[j]), int(hw_i[j])))
             blocked = self._blocked()
-            if self.av_prev is not None:
-                self._close_avail(int(tc[0]))
+            tl = self.timeline
+            if tl.av_prev is not None:
+                tl.close(int(tc[0]))
             if blocked:
-                self.unavail.append((int(tc[0]), int(tc[-1])))
+                tl.unavail.append((int(tc[0]), int(tc[-1])))
                 stall_last = INF
             else:
                 stall = self._stall_series(closed, out, srv)
                 lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                self.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
+                tl.unavail.extend(zip(lo[lo < hi].tolist(), hi[lo < hi].tolist(), strict=True))
                 stall_last = int(stall[-1])
-            self.av_prev = (int(tc[-1]), blocked, stall_last)
+            tl.av_prev = (int(tc[-1]), blocked, stall_last)
         self.cur_t = int(ts[-1])
 
     def _stall_series(self, closed: np.ndarray, out: dict, srv: int) -> np.ndarray:
@@ -864,7 +853,7 @@ class GroupReplay:
             stall = np.full(k, INF, dtype=np.int64)
             waiting = a < leo
             if waiting.any():
-                stall[waiting] = out["app_srv"][a[waiting]] + timeout
+                stall[waiting] = _at_offsets(*out["app_srv"], a[waiting]) + timeout
             return stall
         return np.full(k, self._avail()[1] if out.get("acks_at_append") is False else INF, dtype=np.int64)
 
@@ -967,14 +956,14 @@ class ClassicReplay(GroupReplay):
         out.update(ack=ack, acks_at_append=False, leo_srv=ctx["leo"], app_srv=self._app_ext(ctx))
         return out
 
-    def _app_ext(self, ctx: dict) -> np.ndarray:
+    def _app_ext(self, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The serving leader's append times by offset: (its log before the segment, the segment's appends)."""
         app = self.lead_app.view
-        extra = int(ctx["leo"][-1]) - len(app)
-        if extra > 0:
-            ts = ctx["ts"]
+        extra = ctx["ts"][:0]
+        if int(ctx["leo"][-1]) > len(app):
             arrivals = np.flatnonzero(np.diff(np.concatenate([[len(app)], ctx["leo"]])) > 0)
-            app = np.concatenate([app, ts[arrivals]])
-        return np.append(app, INF)
+            extra = ctx["ts"][arrivals]
+        return app, np.append(extra, INF)
 
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols
@@ -1015,7 +1004,7 @@ class ClassicReplay(GroupReplay):
             m_len = int(self.log_len[0])
             for s in sources:
                 i = self.ix[s]
-                if self.log_len[i] > m_len and _common_prefix(self.runs[i], self.runs[0]) == m_len and (
+                if self.log_len[i] > m_len and common_prefix(self.runs[i], self.runs[0]) == m_len and (
                         best is None or self.log_len[i] > self.log_len[self.ix[best]]):
                     best = s
             if best is not None:
@@ -1030,7 +1019,7 @@ class ClassicReplay(GroupReplay):
         for b in self.order:
             if self.cp.up[b]:
                 i = self.ix[b]
-                return _runs_array(self.runs[i]), int(self.log_len[i]), True
+                return runs_array(self.runs[i]), int(self.log_len[i]), True
         return np.zeros((0, 3), dtype=np.int64), 0, False
 
     def _recover(self, t: int) -> int:
@@ -1122,7 +1111,7 @@ class DLedgerReplay(GroupReplay):
         ldr = self.leader
         if ldr is None or not self.cp.up[ldr]:
             return np.zeros((0, 3), dtype=np.int64), 0, False
-        return _runs_array(self.runs[self.ix[ldr]]), self.commit, True
+        return runs_array(self.runs[self.ix[ldr]]), self.commit, True
 
     def _recover(self, t: int) -> int:
         for b in self.order:
@@ -1150,6 +1139,7 @@ class ControllerReplay(GroupReplay):
         self.k = policy.in_sync_replicas
         self.lead_for_cache = self.master
         self.housekeeping: dict[int, int] = {}  # slave -> when its silent HA connection is closed (C-1)
+        self.handlers = {"check": self._on_check, "housekeeping": self._on_housekeeping}
         self._push(FIRST_SYNC_STATE_CHECK_MS * MS, C_CHECK, "check", 0)  # SPEC §3.7 C-1
 
     def _push(self, t: int, code: int, what: str, arg: int) -> None:
@@ -1445,7 +1435,7 @@ class ControllerReplay(GroupReplay):
             return np.zeros((0, 3), dtype=np.int64), 0, False
         si = self.ix[srv]
         point = (self.zombie["hw"] if self._is_zombie(srv) else self.hw) if self.all_ack else int(self.log_len[si])
-        return _runs_array(self.runs[si]), point, True
+        return runs_array(self.runs[si]), point, True
 
     def _recover(self, t: int) -> int:
         m = self.master

@@ -24,9 +24,9 @@ from schemas.trace import Kind
 from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
 
 WINDOW_US = 1_000_000
-# Random draws (not derandomized as the Kafka suite is): the fixed draw finds the open case pinned below
-# (`test_open_unavailability_end_mismatch`) and takes five minutes more.
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+# CI draws the same cases every run (derandomize, as the Kafka suite): a red CI is a regression, never a lucky
+# draw; `make test-slow` explores at random.
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SLOW = settings(max_examples=10000, deadline=None, suppress_health_check=list(HealthCheck))
 FAMILIES = sorted(ROCKETMQ_POLICY_STRATEGIES)
 
