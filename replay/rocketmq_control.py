@@ -323,9 +323,10 @@ class DLedgerControl(ControlPlane):
         return ldr is not None and self.target == ldr and self.up[ldr]
 
     def can_commit(self) -> bool:
-        """The leader reaches a majority (itself included): an entry it takes can commit (C2)."""
+        """The leader reaches a majority (itself included): an entry it takes can commit (C2). SPEC §3.7 R-4: a
+        one-member group is its own majority, so its leader commits while isolated too."""
         ldr = self.leader
-        return ldr is not None and self.alive(ldr) and self.alive_count() >= self.q
+        return ldr is not None and self.up[ldr] and self._reach() >= self.q
 
     def _last_heartbeat(self, t: int) -> int:
         """R-3 (SPEC §3.7, `DLedgerLeaderElector`): the leader's last heartbeat round before a failure at t: the

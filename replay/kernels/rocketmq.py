@@ -1055,7 +1055,8 @@ class DLedgerReplay(GroupReplay):
     def _series(self, ctx: dict) -> dict:
         ldr = self.leader
         n = ctx["n"]
-        if ldr is None or not self.cp.alive(ldr):
+        if ldr is None or not self.cp.up[ldr] or (self.cp.iso[ldr] and self.q > 1):
+            # an isolated leader commits only as a one-member group, its own majority (SPEC §3.7 R-4)
             commit = np.full(n, self.commit, dtype=np.int64)
         else:
             stack = np.stack([ctx["leo"] if b == ldr else ctx["fser"][b] for b in self.order])

@@ -636,8 +636,10 @@ class DLedgerReference(GroupReference):
         return ldr is not None and self.target == ldr and self.rep[ldr].up
 
     def _can_commit(self) -> bool:
+        # R-4: the leader reaches a majority, itself included; a one-member group is its own majority, so its
+        # leader commits while isolated too (isolation only cuts it from other brokers)
         ldr = self.leader
-        return ldr is not None and self.rep[ldr].alive and len(self._alive_members()) >= self.q
+        return ldr is not None and self.rep[ldr].up and self._reach() >= self.q
 
     def _arrive(self, t: int, msg: Msg) -> None:
         if not self._writable():
@@ -652,8 +654,8 @@ class DLedgerReference(GroupReference):
     def _recommit(self, t: int) -> None:
         """Rule 2: an entry commits when a majority holds it (leader included); the ack comes at commit."""
         ldr = self.leader
-        if ldr is None or not self.rep[ldr].alive:
-            return
+        if ldr is None or not self.rep[ldr].up or (self.rep[ldr].isolated and self.q > 1):
+            return  # an isolated leader commits only as a one-member group, its own majority (R-4)
         ends = sorted((len(self.rep[b].log) if b == ldr else self.rep[b].fetched for b in self.order), reverse=True)
         cand = ends[self.q - 1]
         if cand > self.commit:

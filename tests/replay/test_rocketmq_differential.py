@@ -18,7 +18,7 @@ from replay.families import family_of
 from replay.local import control_events, replay_local
 from replay.results import coalesce_states
 from replay.rocketmq_control import key_of
-from schemas.outcomes import Error
+from schemas.outcomes import Error, Status
 from schemas.trace import Kind
 
 from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
@@ -259,3 +259,37 @@ def test_offline_group_reelection_waits_for_the_route_poll():
         [result] = replay_local(policy, manifest, table, engine=engine)
         assert result.unavailable == [(0, 1000), (2000, 700_000)], engine
         assert set(result.messages.records.error.tolist()) == {int(Error.NO_ROUTE)}, engine
+
+
+def test_isolated_one_member_dledger_group_commits_alone():
+    """Found by the slow suite (2026-11-24, minimized): the engines disagreed (ack at the heal vs
+    in_sync_replicas_not_enough) on sends to an isolated DLedger leader of a one-member group; decided by SPEC §3.7
+    R-4. group_size=1, two brokers: groups {0} and {1}, one queue each. Broker 0 crashes at 0, so messages 1, 3, 5
+    (round-robin to group 0, no retry) fail with no_route. Broker 1 is isolated at 1 ms: `isolate` only cuts it
+    from other brokers and the NameServer (SPEC §2.2), clients still reach it and it still leads (R-4: it has a
+    reachable majority, itself, so it never steps down). Messages 2 and 4 are appended at 1 ms and commit at once
+    (§3.4 rule 2: a majority of the group, the leader alone, holds them; flush is async): acked and visible at
+    1 ms, offsets 0 and 1, readable at the end. The group takes writes throughout: no unavailability."""
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    policy = parse_policy("dledger:delivery_timeout_ms=800,group_size=1,queues_per_group=1,heartbeat_ms=300,"
+                          "max_heartbeat_leak=1,vote_delay_ms=0,max_wait_ack_ms=300,retry_times_when_send_failed=0,"
+                          "route_refresh_ms=300")
+    events = [(0, "produce", 1), (0, "crash", 0), (0, "replicate", 1, 0), (1000, "isolate", 1),
+              *[(1000, "produce", m) for m in (2, 3, 4, 5)], (2000, "heal", 1), (2000, "replicate", 1, 2000)]
+    manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), 40_000_000)
+    table = event_table(events)
+    check_case(manifest, table, policy)
+    check_chunks(manifest, table, policy, [1000, 2000, 300_000])
+    for engine in ("reference", "kernel"):
+        dead, lone = replay_local(policy, manifest, table, engine=engine)
+        failed, acked = int(Status.FAILED), int(Status.ACKED)
+        # (msg_id, produce_us, status, error, ack_us, visible_us)
+        assert [row[:6] for row in outcome_rows(dead)] == [(m, ts, failed, int(Error.NO_ROUTE), -1, -1)
+                                                          for m, ts in ((1, 0), (3, 1000), (5, 1000))], engine
+        # (msg_id, produce_us, status, error, ack_us, visible_us), then (readable_at_end, offset)
+        assert [(row[:6], row[7:9]) for row in outcome_rows(lone)] == [
+            ((2, 1000, acked, int(Error.NONE), 1000, 1000), (True, 0)),
+            ((4, 1000, acked, int(Error.NONE), 1000, 1000), (True, 1))], engine
+        assert lone.unavailable == [], engine
