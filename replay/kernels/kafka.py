@@ -23,7 +23,7 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, Table, prefix_runs, runs_array
+from replay.kernels._arrays import Grow, Table, Timeline, prefix_runs, runs_array
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
     C_REPLICATE,
@@ -42,7 +42,6 @@ from replay.results import (
     FinalView,
     MessageRecords,
     PartitionResult,
-    StateRow,
     judge,
     merge_intervals,
 )
@@ -115,11 +114,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.replication_bytes = 0
         # per-instant bookkeeping
         self.cur_t = 0
-        self.last_row: StateRow | None = None
-        self.row_cand: StateRow | None = None
-        self.rows_out: list[StateRow] = []
-        self.av_prev: tuple[int, bool, int] | None = None
-        self.unavail: list[tuple[int, int]] = []
+        self.timeline = Timeline(self.window_us)  # timeline rows and unavailability (SPEC §4.2-4.3)
         self.finished = False
 
     # =========================================================================================== API
@@ -166,17 +161,14 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             self.advance(PartitionEvents.empty(), self.duration_us + 1)
         self._resolve_deadlines(self.duration_us + 1)
         self._clock(INF)  # close the last instant
-        self._close_avail(self.duration_us)
-        if self.row_cand is not None:
-            self.rows_out.append(self.row_cand)
-            self.row_cand = None
+        rows = self.timeline.finish(self.duration_us)
         view = self._final_view()
         records = MessageRecords.concat([*self.done, self._records(np.ones(self.pend.n, dtype=bool))])
         records = records.sorted_by_msg_id()
         if self.extra:
             records.extra_positions = np.array(sorted(self.extra), dtype=np.int64).reshape(-1, 3)
-        result = PartitionResult(self.partition, judge(records, view), self.rows_out,
-                                 merge_intervals(self.unavail), self.replication_bytes)
+        result = PartitionResult(self.partition, judge(records, view), rows,
+                                 merge_intervals(self.timeline.unavail), self.replication_bytes)
         result.view = view  # type: ignore[attr-defined]
         return result
 

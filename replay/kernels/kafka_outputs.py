@@ -53,38 +53,8 @@ class KafkaOutputs:
     def _clock(self, t: int) -> None:
         """Moving to time t closes the current instant: record its end state."""
         if t > self.cur_t:
-            self._end_instant(self.cur_t, self._state_row(self.cur_t), *self._avail())
+            self.timeline.end_instant(self._state_row(self.cur_t), *self._avail())
             self.cur_t = t
-
-    def _end_instant(self, t: int, row: StateRow, blocked: bool, stall_from: int) -> None:
-        last = self.last_row
-        if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) != (
-                last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
-            self._emit_row(row)
-        if self.av_prev is not None:
-            self._close_avail(t)
-        self.av_prev = (t, blocked, stall_from)
-
-    def _emit_row(self, row: StateRow) -> None:
-        """Coalesce as `replay.results.coalesce_states`: every control change and the last row of each window."""
-        last = self.last_row
-        control = last is None or row.control_key() != last.control_key()
-        cand = self.row_cand
-        if cand is not None and cand.ts_us // self.window_us != row.ts_us // self.window_us:
-            self.rows_out.append(cand)
-        self.row_cand = None
-        if control:
-            self.rows_out.append(row)
-        else:
-            self.row_cand = row
-        self.last_row = row
-
-    def _close_avail(self, t_end: int) -> None:
-        t0, blocked, stall_from = self.av_prev
-        if blocked:
-            self.unavail.append((t0, t_end))
-        elif stall_from < t_end:
-            self.unavail.append((max(t0, stall_from), t_end))
 
     def _records(self, mask: np.ndarray) -> MessageRecords:
         c = self.pend

@@ -58,14 +58,14 @@ class KafkaStretches:
             epoch, self.epoch_start, self.p.delivery_timeout_ms * MS, self.p.request_timeout_ms * MS, self.window_us,
             int(zombie), int(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
             int(srv < 0 or refusing), int(l_up), *self.flush], dtype=np.int64)
-        av = self.av_prev or (0, False, INF)
+        av = self.timeline.av_prev or (0, False, INF)
         sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
         sc[[steady.S_HW, steady.S_ZHW, steady.S_ZSTALL, steady.S_CUR_T, steady.S_AV_HAS, steady.S_AV_T,
             steady.S_AV_BLOCKED, steady.S_AV_STALL, steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_PEND_N,
             steady.S_POS]] = [
             self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
-            int(self.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n, ep_app.n,
-            self.pend.n, self.s_pos]
+            int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n,
+            ep_app.n, self.pend.n, self.s_pos]
         reserve_rows(self.pend, due)
         c = self.pend.cols
         in_view = np.array([b in view for b in self.order], dtype=bool)
@@ -120,13 +120,10 @@ class KafkaStretches:
         # ----- closed instants: timeline rows and availability
         for t, leo, hw in (rows[: int(sc[steady.S_NROWS])].tolist()):
             row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw) if l_up else self._state_row(t)
-            last = self.last_row
-            if last is None or (row.leader, row.leader_epoch, row.isr, row.log_end_offset, row.high_watermark) != (
-                    last.leader, last.leader_epoch, last.isr, last.log_end_offset, last.high_watermark):
-                self._emit_row(row)
-        self.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
+            self.timeline.offer(row)
+        self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
         if sc[steady.S_AV_HAS]:
-            self.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
+            self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
         if self.pend.n >= COMPACT_AT:
             self._compact()  # settled messages leave the pending table (it bounds the next stretch's scans)
         b = int(sc[steady.S_EXPAND])
