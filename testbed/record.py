@@ -226,6 +226,11 @@ def topic_of(index: int) -> str:
     return f"{TOPIC_PREFIX}{index}"
 
 
+def idempotent(policy: KafkaPolicy) -> bool:
+    """SPEC §3.1: producers never duplicate. librdkafka allows idempotence with acks=all only."""
+    return policy.acks is Acks.ALL
+
+
 def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
     acks = {Acks.ZERO: "0", Acks.ONE: "1", Acks.ALL: "all"}[policy.acks]
     return {
@@ -235,8 +240,7 @@ def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
         "delivery.timeout.ms": policy.delivery_timeout_ms,
         "retry.backoff.ms": policy.retry_backoff_ms,
         "retry.backoff.max.ms": max(policy.retry_backoff_ms, getattr(policy, "retry_backoff_max_ms", 1000)),
-        # SPEC §3.1: producers never duplicate. librdkafka allows idempotence with acks=all only.
-        "enable.idempotence": acks == "all",
+        "enable.idempotence": idempotent(policy),
         "linger.ms": 0,
         "topic.metadata.refresh.interval.ms": policy.metadata_max_age_ms,
         "log_level": 0,
@@ -407,7 +411,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     rec.deliveries = [{} for _ in policies]
     for pr in producers:  # connect and fetch metadata before the clock starts
         pr.list_topics(timeout=10)
-    rec.warmup = [_warm_up(pr, topic_of(i), p.partitions) if producer_config(p, "")["enable.idempotence"] else 0
+    rec.warmup = [_warm_up(pr, topic_of(i), p.partitions) if idempotent(p) else 0
                   for i, (p, pr) in enumerate(zip(policies, producers, strict=True))]
 
     callback_errors: list[str] = []

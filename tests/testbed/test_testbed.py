@@ -130,3 +130,16 @@ def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
     # so no scenario message was a partition's first batch (testbed.record._warm_up); acks=1 needs none.
     assert leader_crash.recording.warmup == [0, 1]
     assert acks1.agreement["status"] > 0.5
+
+
+def test_producer_settings_follow_the_policy():
+    """Each policy's producer: acks, timeouts and backoff from the policy; idempotence (and so the warm-up) only
+    with acks=all, the one mode librdkafka allows it in. No cluster needed."""
+    from testbed.record import idempotent, producer_config
+
+    acks1, acks_all = (parse_policy(p) for p in POLICIES)
+    c1, c_all = producer_config(acks1, "b:9092"), producer_config(acks_all, "b:9092")
+    assert (c1["acks"], c1["enable.idempotence"], idempotent(acks1)) == ("1", False, False)
+    assert (c_all["acks"], c_all["enable.idempotence"], idempotent(acks_all)) == ("all", True, True)
+    assert c_all["request.timeout.ms"] == acks_all.request_timeout_ms
+    assert c_all["delivery.timeout.ms"] == acks_all.delivery_timeout_ms
