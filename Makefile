@@ -29,8 +29,12 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/replab demo
 
+# The fast suite on two xdist workers (a test file is one unit of work, tests/conftest.py), then the testbed's
+# fast case alone: its real Kafka cluster keeps to its timeline better without a Spark test beside it.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not testbed" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "testbed and not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

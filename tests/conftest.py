@@ -1,15 +1,24 @@
-"""Shared fixtures: one SparkSession for the whole test session (startup costs ~8 s on 2 cores)."""
+"""Shared fixtures: one SparkSession for the whole test session (startup costs ~8 s on 2 cores).
+
+`make test` runs the fast suite on two pytest-xdist workers (`--dist loadfile`): each worker has its own
+SparkSession, and a test file is one unit of work, so its module-scoped fixtures are built once. A session-scoped
+fixture is built once per worker that needs it. (`--dist loadgroup` could join files into one unit, but
+pytest-xdist 3.8 marks its groups on `Item._nodeid`, which pytest 9 no longer reads.)
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_SCENARIOS = REPO / "tests" / "scenarios"
+_STARTED = time.monotonic()  # conftest is imported as the session starts: the wall time of the summary
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -19,10 +28,16 @@ os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from storage.session import get_spark
+    from storage.session import cached_jars, get_spark, jars_dir
 
     os.environ["REPLAB_WAREHOUSE_DIR"] = str(tmp_path_factory.mktemp("warehouse"))
-    session = get_spark("replab-tests", master="local[2]", shuffle_partitions=2, ui=False)
+    if cached_jars():
+        session = get_spark("replab-tests", master="local[2]", shuffle_partitions=2, ui=False)
+    else:  # a fresh clone: one worker resolves Delta's jars from Maven Central, the other waits and reuses them
+        jars_dir().mkdir(parents=True, exist_ok=True)
+        with open(jars_dir() / ".resolving.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            session = get_spark("replab-tests", master="local[2]", shuffle_partitions=2, ui=False)
     yield session
     session.stop()
 
@@ -48,4 +63,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("=", "time per test file (setup + call + teardown)")
     for path, seconds in sorted(per_file.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:9.1f}s  {path}")
-    terminalreporter.write_line(f"{sum(per_file.values()):9.1f}s  total")
+    terminalreporter.write_line(f"{sum(per_file.values()):9.1f}s  total (summed over workers), "
+                                f"{time.monotonic() - _STARTED:.1f}s wall")
+

@@ -155,6 +155,7 @@ print(len(presets), len(scenarios), "demo" in scenarios)
     assert int(presets) >= 10 and int(scenarios) >= 20 and has_demo == "True"
 
 
+@pytest.mark.slow  # master, worker and driver JVMs on 2 cores: ~3 minutes; the fast suite keeps the zip test above
 def test_replay_job_on_a_standalone_cluster(spark, standalone, dist_zip, tmp_path):
     from replay.policies import parse_policy
     from storage.session import cached_jars, delta_package, jars_dir
