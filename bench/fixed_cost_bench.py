@@ -13,7 +13,10 @@ Measured in one run, each in a fresh process as a user starts it:
   wall time, and a per-step breakdown from the command's progress lines (`engine.replay.run_replay`'s steps),
   timed by this process as each line arrives: Spark start (process start to the first step, imports
   included), trace gate, MLflow runs, replay core, windows and summary, output gate, Delta tables, MLflow
-  logging, and the exit (printing, Spark stop).
+  logging, and the exit (the last lines, Spark stop).
+
+Spark jobs per step come from the run's Spark event log (`spark.eventLog.enabled` through PYSPARK_SUBMIT_ARGS):
+a figure that does not depend on the machine's load, unlike the seconds.
 
 Laziness blurs the line between windows and output gate: the windows' frames are computed by the gate's first
 Spark job. The ratio replay / bare is issue 15's target (<= 2 with the new lakehouse).
@@ -47,6 +50,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("output gate", "output_gate"),
     ("Delta tables", "delta_writes"),
     ("MLflow", "mlflow_logging"),
+    ("lakehouse:", "exit"),  # the comparison is printed; then the summary lines and the Spark stop
 )
 
 BARE = """
@@ -65,6 +69,7 @@ class FixedCostRow:
     what: str  # bare, replay-new, replay-existing
     seconds: float
     steps: dict[str, float] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)  # Spark jobs started during each step
     ratio_to_bare: float | None = None
     load_avg_1m: float = 0.0
     load_avg_5m: float = 0.0
@@ -87,8 +92,13 @@ def write_tiny_trace(folder: Path) -> Path:
     return folder
 
 
-def _env() -> dict[str, str]:
+def _env(event_log: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        env["PYSPARK_SUBMIT_ARGS"] = (f"--conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false "
+                                      f"--conf spark.eventLog.dir={event_log} "
+                                      "pyspark-shell")
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env.setdefault("GX_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
@@ -123,7 +133,9 @@ def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri:
            "--lakehouse", str(lakehouse), "--tracking-uri", tracking_uri,
            "--summary-json", str(workdir / f"{what}.json")]
     marks: list[tuple[str, float]] = [("spark_start", time.monotonic())]
-    proc = subprocess.Popen(cmd, cwd=workdir, env=_env(), text=True, stdout=subprocess.PIPE,
+    offset = time.time() - time.monotonic()  # event-log times are epoch milliseconds
+    events = workdir / f"eventlog-{what}"
+    proc = subprocess.Popen(cmd, cwd=workdir, env=_env(events), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, bufsize=1)
     assert proc.stdout is not None
     lines = []
@@ -140,15 +152,31 @@ def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri:
     end = time.monotonic()
     if code:
         raise RuntimeError(f"{' '.join(cmd)} exited {code}: {stderr[-3000:]}\n{''.join(lines)[-2000:]}")
-    marks.append(("exit", end))
+    marks.append(("end", end))
     steps: dict[str, float] = {}
     for (name, t), (_, t_next) in itertools.pairwise(marks):
         steps[name] = round(steps.get(name, 0.0) + t_next - t, 2)
+    jobs: dict[str, int] = {}
+    for started in job_starts(events):
+        name = next((n for n, t in reversed(marks) if t + offset <= started), marks[0][0])
+        jobs[name] = jobs.get(name, 0) + 1
     one, five = _load()
-    row = FixedCostRow(what, round(end - marks[0][1], 2), steps, load_avg_1m=one, load_avg_5m=five)
+    row = FixedCostRow(what, round(end - marks[0][1], 2), steps, jobs, load_avg_1m=one, load_avg_5m=five)
     log(f"{what}: {row.seconds:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
-        f"  load {one} {five}")
+        f"  load {one} {five}; {sum(jobs.values())} Spark jobs: {jobs}")
     return row
+
+
+def job_starts(event_log: Path) -> list[float]:
+    """Epoch seconds at which each Spark job of the run's event log started."""
+    out = []
+    for path in event_log.rglob("*"):
+        if not path.is_file():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if '"SparkListenerJobStart"' in line:
+                out.append(json.loads(line)["Submission Time"] / 1000)
+    return sorted(out)
 
 
 def run(repeat: int = 1, *, workdir: str | None = None, log=print) -> list[FixedCostRow]:
@@ -175,14 +203,15 @@ def run(repeat: int = 1, *, workdir: str | None = None, log=print) -> list[Fixed
 
 
 def markdown(rows: list[FixedCostRow]) -> str:
-    names = [n for _, n in STEPS] + ["exit"]
-    lines = ["| what | wall s | / bare | " + " | ".join(names) + " | load 1m, 5m |",
-             "|---|---:|---:|" + "---:|" * len(names) + "---|"]
+    names = [n for _, n in STEPS]
+    lines = ["| what | wall s | / bare | " + " | ".join(names) + " | Spark jobs | load 1m, 5m |",
+             "|---|---:|---:|" + "---:|" * len(names) + "---:|---|"]
     for r in rows:
-        cells = [f"{r.steps[n]:.1f}" if n in r.steps else "" for n in names]
+        cells = [f"{r.steps[n]:.1f}" + (f" ({r.jobs[n]})" if r.jobs.get(n) else "") if n in r.steps else ""
+                 for n in names]
         ratio = f"{r.ratio_to_bare:.2f}" if r.ratio_to_bare is not None else ""
         lines.append(f"| {r.what} | {r.seconds:.1f} | {ratio} | " + " | ".join(cells) +
-                     f" | {r.load_avg_1m}, {r.load_avg_5m} |")
+                     f" | {sum(r.jobs.values()) if r.what != 'bare' else ''} | {r.load_avg_1m}, {r.load_avg_5m} |")
     return "\n".join(lines)
 
 
