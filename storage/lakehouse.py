@@ -335,39 +335,50 @@ class Lakehouse:
         return RunsTransaction(self, list(records), started, {p["run_id"]: p for p in previous})
 
     def publish_runs(self, records: Sequence[RunRecord], tables: Mapping[str, Any],
-                     gate: Callable[[], Any] | None = None) -> None:
+                     gate: Callable[[], Any] | None = None,
+                     progress: Callable[[str], None] | None = None) -> None:
         """The whole run protocol: running → gate on the DataFrames → every table → succeeded.
 
         `tables` maps table names of RUN_TABLES to DataFrames holding exactly these runs' rows (persist them
         first: the gate and the writes both read them). A gate that raises (GateFailed) leaves every run
-        table untouched.
+        table untouched. `progress` hears "begin" once the runs are marked running and "wrote <table>" as each
+        table's commit lands (the others may still be in flight).
         """
+        step = progress or (lambda text: None)
         unknown = set(tables) - set(RUN_TABLES)
         if unknown:
             raise ReplabError(f"not run tables: {sorted(unknown)}")
         # The replay's tables in one pass (a trace gate's quarantine too: it did not create it to find it empty).
         self.ensure_tables(["runs", "validations", "quarantine", *tables])
         with self.begin_runs(records) as txn:
+            step("begin")
             if gate is not None:
                 gate()
             # Different tables, independent commits: written concurrently (the runs row is the commit marker).
-            _in_threads([lambda name=name: txn.write(name, tables[name]) for name in RUN_TABLES if name in tables])
+            names = [name for name in RUN_TABLES if name in tables]
+            _in_threads([lambda name=name: txn.write(name, tables[name]) for name in names],
+                        done=lambda i: step(f"wrote {names[i]}"))
             txn.succeed()
 
 
-def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4) -> None:
+def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
+                done: Callable[[int], None] | None = None) -> None:
     """Run Spark/Delta actions from several driver threads (Spark schedules concurrent jobs); the first error
-    is raised after every action has ended, so none is left running behind the caller."""
-    if len(actions) <= 1:
-        for action in actions:
-            action()
-        return
-    from concurrent.futures import ThreadPoolExecutor
+    is raised after every action has ended, so none is left running behind the caller. `done(i)` is called in
+    the caller's thread as action i succeeds, in the order they end."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    with ThreadPoolExecutor(max_workers=min(workers, len(actions)), thread_name_prefix="replab-delta") as pool:
-        futures = [pool.submit(action) for action in actions]
-    for future in futures:
-        future.result()
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(actions))),
+                            thread_name_prefix="replab-delta") as pool:
+        futures = {pool.submit(action): i for i, action in enumerate(actions)}
+        error: BaseException | None = None
+        for future in as_completed(futures):
+            if future.exception() is not None:
+                error = error or future.exception()
+            elif done is not None and error is None:
+                done(futures[future])
+    if error is not None:
+        raise error
 
 
 class RunsTransaction:
