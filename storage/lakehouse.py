@@ -247,7 +247,7 @@ class Lakehouse:
         `df` must only hold rows of those keys (Delta checks it: replaceWhere's constraint check).
         """
         predicate = in_predicate(key_column, key_values)
-        data = self.conform(table, df)
+        data = _few_files(self.conform(table, df))
         path = self.path(table)
 
         def write() -> None:
@@ -299,7 +299,7 @@ class Lakehouse:
             row["validation_id"] = validation_id(r["suite"], r["trace_id"], r.get("run_id"))
             row["validated_at"] = row["validated_at"] or now
             full[row["validation_id"]] = row  # a later row of the same gate run replaces an earlier one
-        df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema())
+        df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema()).coalesce(1)
         self._upsert("validations", "validation_id", df, list(full))
 
     def has_rows(self, table: str, column: str, value: str) -> bool:
@@ -319,7 +319,7 @@ class Lakehouse:
                  "params": {str(k): str(v) for k, v in r.params.items()}, "mode": r.mode, "started_at": started,
                  "finished_at": finished, "status": status, "mlflow_run_id": r.mlflow_run_id,
                  "replab_version": r.replab_version} for r in records]
-        return self.spark.createDataFrame(rows, schema=TABLES["runs"].spark_schema())
+        return self.spark.createDataFrame(rows, schema=TABLES["runs"].spark_schema()).coalesce(1)  # one file
 
     def begin_runs(self, records: Sequence[RunRecord]) -> RunsTransaction:
         """Mark these runs `running` (one commit) and return the transaction that writes their tables."""
@@ -381,6 +381,24 @@ def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
         raise error
 
 
+#: A frame smaller than this is written by one task: one file per table partition. Written by as many tasks as
+#: it has partitions (four on two cores), a small run's table got a file per task, which Delta's auto compaction
+#: (the tables' autoCompact property) rewrote right after the write: one more commit and four more Spark jobs.
+ONE_TASK_BYTES = 32 << 20
+
+
+def _few_files(df):
+    """`df` in one partition when Spark's plan statistics put it under ONE_TASK_BYTES: exact for a persisted
+    frame already computed (the output gate computes the tables it checks before they are written); a frame of
+    unknown size keeps its partitions (rows made on the driver are coalesced where they are made). No Spark
+    job."""
+    try:
+        size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    except Exception:  # not a classic session (Spark Connect): keep the frame as it is
+        return df
+    return df.coalesce(1) if size < ONE_TASK_BYTES else df
+
+
 class RunsTransaction:
     """The runs being written; as a context manager, an exception marks them failed (or restores them)."""
 
@@ -411,7 +429,8 @@ class RunsTransaction:
         failed = [r for r in self.records if r.run_id not in restored]
         rows = self.lh._run_rows(failed, FAILED, self.started, dt.datetime.now(dt.UTC))
         if restore:
-            rows = rows.unionByName(self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema()))
+            rows = rows.unionByName(self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema())
+                                    ).coalesce(1)
         self.lh._upsert("runs", "run_id", rows, self.run_ids)
         self.done = True
 
