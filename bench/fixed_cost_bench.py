@@ -128,7 +128,9 @@ def bare(workdir: Path, log=print) -> FixedCostRow:
     return row
 
 
-def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri: str, log=print) -> FixedCostRow:
+def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri: str, log=print,
+           profiles: dict[str, str] | None = None) -> FixedCostRow:
+    """One replay; `profiles[what]` gets its Spark jobs, one Markdown row each (step, time, stages, query)."""
     cmd = [sys.executable, "-m", "pipelines", "replay", "--trace", str(trace), "--policy", "kafka-acks1",
            "--lakehouse", str(lakehouse), "--tracking-uri", tracking_uri,
            "--summary-json", str(workdir / f"{what}.json")]
@@ -157,29 +159,56 @@ def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri:
     for (name, t), (_, t_next) in itertools.pairwise(marks):
         steps[name] = round(steps.get(name, 0.0) + t_next - t, 2)
     jobs: dict[str, int] = {}
-    for started in job_starts(events):
-        name = next((n for n, t in reversed(marks) if t + offset <= started), marks[0][0])
+    profile = [f"### {what}", "", "| step | job | at s | seconds | stages | SQL query | what |",
+               "|---|---:|---:|---:|---:|---:|---|"]
+    for job in spark_jobs(events):
+        name = next((n for n, t in reversed(marks) if t + offset <= job.start), marks[0][0])
         jobs[name] = jobs.get(name, 0) + 1
+        profile.append(f"| {name} | {job.job_id} | {job.start - offset - marks[0][1]:.1f} | "
+                       f"{job.end - job.start:.2f} | {job.stages} | {job.sql} | {job.what} |")
     one, five = _load()
     row = FixedCostRow(what, round(end - marks[0][1], 2), steps, jobs, load_avg_1m=one, load_avg_5m=five)
+    if profiles is not None:
+        profiles[what] = "\n".join(profile)
     log(f"{what}: {row.seconds:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
         f"  load {one} {five}; {sum(jobs.values())} Spark jobs: {jobs}")
     return row
 
 
-def job_starts(event_log: Path) -> list[float]:
-    """Epoch seconds at which each Spark job of the run's event log started."""
-    out = []
+@dataclass
+class SparkJob:
+    job_id: int
+    start: float  # epoch seconds
+    end: float
+    stages: int
+    sql: str  # the SQL execution the job belongs to (AQE runs each query stage of one query as its own job)
+    what: str  # Spark's description (Delta names its internal queries) or the call site
+
+
+def spark_jobs(event_log: Path) -> list[SparkJob]:
+    """Every Spark job of the run's event log, in submission order."""
+    jobs: dict[int, SparkJob] = {}
     for path in event_log.rglob("*"):
         if not path.is_file():
             continue
         for line in path.read_text(errors="replace").splitlines():
             if '"SparkListenerJobStart"' in line:
-                out.append(json.loads(line)["Submission Time"] / 1000)
-    return sorted(out)
+                e = json.loads(line)
+                props = e.get("Properties") or {}
+                what = (props.get("spark.job.description") or props.get("callSite.short") or "?")
+                what = what.replace("|", "/").replace("<br/>", " ").replace(str(REPO) + "/", "")[:90]
+                start = e["Submission Time"] / 1000
+                jobs[e["Job ID"]] = SparkJob(e["Job ID"], start, start, len(e.get("Stage Infos", [])),
+                                             props.get("spark.sql.execution.id", ""), what)
+            elif '"SparkListenerJobEnd"' in line:
+                e = json.loads(line)
+                if e["Job ID"] in jobs:
+                    jobs[e["Job ID"]].end = e["Completion Time"] / 1000
+    return sorted(jobs.values(), key=lambda j: (j.start, j.job_id))
 
 
-def run(repeat: int = 1, *, workdir: str | None = None, log=print) -> list[FixedCostRow]:
+def run(repeat: int = 1, *, workdir: str | None = None, log=print,
+        profiles: dict[str, str] | None = None) -> list[FixedCostRow]:
     root = Path(workdir or tempfile.mkdtemp(prefix="replab-bench-fixed-"))
     rows: list[FixedCostRow] = []
     try:
@@ -189,8 +218,8 @@ def run(repeat: int = 1, *, workdir: str | None = None, log=print) -> list[Fixed
             run_dir.mkdir()
             uri = f"sqlite:///{run_dir / 'mlflow.db'}"
             b = bare(run_dir, log)
-            new = replay("replay-new", run_dir, trace, run_dir / "lakehouse", uri, log)
-            existing = replay("replay-existing", run_dir, trace, run_dir / "lakehouse", uri, log)
+            new = replay("replay-new", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
+            existing = replay("replay-existing", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
             for r in (new, existing):
                 r.ratio_to_bare = round(r.seconds / b.seconds, 2)
             rows += [b, new, existing]
@@ -220,9 +249,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="how many (bare, new, existing) triples")
     parser.add_argument("--workdir", default=None, help="where traces and lakehouses go (default: temp, removed)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="write every Spark job of the replays (step, time, stages, query) as Markdown")
     args = parser.parse_args(argv)
     print(f"load average before: {load_average()}", flush=True)
-    rows = run(args.repeat, workdir=args.workdir)
+    profiles: dict[str, str] = {}
+    rows = run(args.repeat, workdir=args.workdir, profiles=profiles)
+    if args.profile:
+        Path(args.profile).write_text("# Spark jobs of the fixed-cost replays (python -m bench.fixed_cost_bench)\n\n"
+                                      + "\n\n".join(profiles.values()) + "\n")
     return emit(rows, markdown(rows), args.json)
 
 

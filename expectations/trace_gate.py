@@ -452,7 +452,8 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     paths = save(report, tid, None)
     if lh is not None:
         # A trace gate run replaces the trace's quarantined rows; with none now and none before, that commit
-        # would change nothing, so it is skipped (the table is still created on first use).
+        # would change nothing, so it is skipped (asking does not create the table: the replay creates it with
+        # its other tables, in one pass).
         if report.quarantine_count or lh.has_rows("quarantine", "trace_id", tid):
             lh.replace_rows("quarantine", "trace_id", [tid], report.quarantine_rows())
         lh.record_validations([

@@ -37,7 +37,7 @@ from schemas.version import __version__
 log = logging.getLogger(__name__)
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
-#: Tables holding a run's results, in the order a run writes them (the `runs` row is the commit marker).
+#: Tables holding a run's results (written concurrently; the `runs` row is the commit marker).
 RUN_TABLES: tuple[str, ...] = ("message_outcomes", "partition_states", "unavailability", "committed_offsets",
                                "loss_metrics", "watermarks", "run_summary")
 MAX_ATTEMPTS = 12
@@ -156,9 +156,14 @@ class Lakehouse:
         return TABLES[table]
 
     def create_tables(self) -> None:
+        self.ensure_tables(list(TABLES))
+
+    def ensure_tables(self, names: Sequence[str]) -> None:
+        """Create (or check and evolve) these tables in one pass: concurrently, since each is a few small Delta
+        log operations whose latency, not CPU, dominates (a new lakehouse's tables took one chain each)."""
+        specs = [self.spec(n) for n in dict.fromkeys(names) if n not in self._ready]
         self.root.mkdir(parents=True, exist_ok=True)
-        for spec in TABLES.values():
-            self._ensure(spec)
+        _in_threads([lambda spec=spec: self._ensure(spec) for spec in specs])
 
     def _ensure(self, spec: TableSpec) -> None:
         from delta.tables import DeltaTable
@@ -242,7 +247,7 @@ class Lakehouse:
         `df` must only hold rows of those keys (Delta checks it: replaceWhere's constraint check).
         """
         predicate = in_predicate(key_column, key_values)
-        data = self.conform(table, df)
+        data = _few_files(self.conform(table, df))
         path = self.path(table)
 
         def write() -> None:
@@ -294,13 +299,17 @@ class Lakehouse:
             row["validation_id"] = validation_id(r["suite"], r["trace_id"], r.get("run_id"))
             row["validated_at"] = row["validated_at"] or now
             full[row["validation_id"]] = row  # a later row of the same gate run replaces an earlier one
-        df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema())
+        df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema()).coalesce(1)
         self._upsert("validations", "validation_id", df, list(full))
 
     def has_rows(self, table: str, column: str, value: str) -> bool:
-        """Whether the table holds a row with this key (a cheap read: Delta skips files by their stats)."""
+        """Whether the table holds a row with this key (a cheap read: Delta skips files by their stats). A table
+        not created yet holds none, and is not created by asking."""
+        from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
+        if table not in self._ready and not DeltaTable.isDeltaTable(self.spark, self.path(table)):
+            return False
         return bool(self.read(table).where(F.col(column) == value).limit(1).count())
 
     # ------------------------------------------------------------------------------------------- runs
@@ -310,7 +319,7 @@ class Lakehouse:
                  "params": {str(k): str(v) for k, v in r.params.items()}, "mode": r.mode, "started_at": started,
                  "finished_at": finished, "status": status, "mlflow_run_id": r.mlflow_run_id,
                  "replab_version": r.replab_version} for r in records]
-        return self.spark.createDataFrame(rows, schema=TABLES["runs"].spark_schema())
+        return self.spark.createDataFrame(rows, schema=TABLES["runs"].spark_schema()).coalesce(1)  # one file
 
     def begin_runs(self, records: Sequence[RunRecord]) -> RunsTransaction:
         """Mark these runs `running` (one commit) and return the transaction that writes their tables."""
@@ -326,23 +335,68 @@ class Lakehouse:
         return RunsTransaction(self, list(records), started, {p["run_id"]: p for p in previous})
 
     def publish_runs(self, records: Sequence[RunRecord], tables: Mapping[str, Any],
-                     gate: Callable[[], Any] | None = None) -> None:
+                     gate: Callable[[], Any] | None = None,
+                     progress: Callable[[str], None] | None = None) -> None:
         """The whole run protocol: running → gate on the DataFrames → every table → succeeded.
 
         `tables` maps table names of RUN_TABLES to DataFrames holding exactly these runs' rows (persist them
         first: the gate and the writes both read them). A gate that raises (GateFailed) leaves every run
-        table untouched.
+        table untouched. `progress` hears "begin" once the runs are marked running and "wrote <table>" as each
+        table's commit lands (the others may still be in flight).
         """
+        step = progress or (lambda text: None)
         unknown = set(tables) - set(RUN_TABLES)
         if unknown:
             raise ReplabError(f"not run tables: {sorted(unknown)}")
+        # The replay's tables in one pass (a trace gate's quarantine too: it did not create it to find it empty).
+        self.ensure_tables(["runs", "validations", "quarantine", *tables])
         with self.begin_runs(records) as txn:
+            step("begin")
             if gate is not None:
                 gate()
-            for name in RUN_TABLES:
-                if name in tables:
-                    txn.write(name, tables[name])
+            # Different tables, independent commits: written concurrently (the runs row is the commit marker).
+            names = [name for name in RUN_TABLES if name in tables]
+            _in_threads([lambda name=name: txn.write(name, tables[name]) for name in names],
+                        done=lambda i: step(f"wrote {names[i]}"))
             txn.succeed()
+
+
+def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
+                done: Callable[[int], None] | None = None) -> None:
+    """Run Spark/Delta actions from several driver threads (Spark schedules concurrent jobs); the first error
+    is raised after every action has ended, so none is left running behind the caller. `done(i)` is called in
+    the caller's thread as action i succeeds, in the order they end."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(actions))),
+                            thread_name_prefix="replab-delta") as pool:
+        futures = {pool.submit(action): i for i, action in enumerate(actions)}
+        error: BaseException | None = None
+        for future in as_completed(futures):
+            if future.exception() is not None:
+                error = error or future.exception()
+            elif done is not None and error is None:
+                done(futures[future])
+    if error is not None:
+        raise error
+
+
+#: A frame smaller than this is written by one task: one file per table partition. Written by as many tasks as
+#: it has partitions (four on two cores), a small run's table got a file per task, which Delta's auto compaction
+#: (the tables' autoCompact property) rewrote right after the write: one more commit and four more Spark jobs.
+ONE_TASK_BYTES = 32 << 20
+
+
+def _few_files(df):
+    """`df` in one partition when Spark's plan statistics put it under ONE_TASK_BYTES: exact for a persisted
+    frame already computed (the output gate computes the tables it checks before they are written); a frame of
+    unknown size keeps its partitions (rows made on the driver are coalesced where they are made). No Spark
+    job."""
+    try:
+        size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    except Exception:  # not a classic session (Spark Connect): keep the frame as it is
+        return df
+    return df.coalesce(1) if size < ONE_TASK_BYTES else df
 
 
 class RunsTransaction:
@@ -375,7 +429,8 @@ class RunsTransaction:
         failed = [r for r in self.records if r.run_id not in restored]
         rows = self.lh._run_rows(failed, FAILED, self.started, dt.datetime.now(dt.UTC))
         if restore:
-            rows = rows.unionByName(self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema()))
+            rows = rows.unionByName(self.lh.spark.createDataFrame(restore, schema=TABLES["runs"].spark_schema())
+                                    ).coalesce(1)
         self.lh._upsert("runs", "run_id", rows, self.run_ids)
         self.done = True
 

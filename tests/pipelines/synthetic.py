@@ -137,12 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         tables = run_tables(spark, run)
         record = RunRecord(run_id, "synthetic-trace", f"synthetic:seed={args.seed + i}", "synthetic",
                            {"seed": str(args.seed + i)})
-        with lh.begin_runs([record]) as txn:
-            print(f"step begin {run_id}", flush=True)
-            for name, df in tables.items():
-                txn.write(name, df)
-                print(f"step wrote {name} {run_id}", flush=True)
-            txn.succeed()
+        # The replay's own protocol (tables written concurrently); a step is printed as its commit lands.
+        lh.publish_runs([record], tables, progress=lambda text, run_id=run_id: print(f"step {text} {run_id}",
+                                                                                     flush=True))
         print(f"step succeeded {run_id}", flush=True)
     spark.stop()
     return 0

@@ -188,8 +188,9 @@ def _kill_after(proc: subprocess.Popen, marker: str, timeout_s: float = 600) -> 
     return seen
 
 
-# The writer prints a step, then immediately starts the next commit: killing right after a marker lands in
-# the middle of the next write (or of the commit of the run row).
+# The writer (Lakehouse.publish_runs, as a replay) prints "begin" once the runs row says running, then writes the
+# run tables concurrently and prints each as its commit lands: killing right after a marker lands while the
+# other tables' writes (or the commit of the runs row) are in flight.
 # One point runs in the fast suite (mid-way through the run tables), all of them in the slow suite (each costs a
 # Spark process).
 KILL_POINTS = [pytest.param("step begin a", marks=pytest.mark.slow), "step wrote message_outcomes a",
