@@ -24,6 +24,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+# Two xdist workers' sessions and the JVMs their tests start (CLIs, spark-submit) share the machine's memory; the
+# tests' data is small, and a 4 GB heap per JVM let the kernel's OOM killer in on a 24 GB machine under load.
+os.environ.setdefault("REPLAB_DRIVER_MEMORY", "3g")
 
 
 @pytest.fixture(scope="session")
