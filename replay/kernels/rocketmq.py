@@ -1,14 +1,16 @@
-"""Vectorized replay of the RocketMQ families for one broker group (SPEC §3.3-3.5, §4): the production engine.
+"""Replay of the RocketMQ families for one broker group (SPEC §3.3-3.5, §4): the production engine.
 
 The reference interpreter (`replay/reference/rocketmq.py`) applies one event at a time and documents the rules
 (R1-R7 there, C1-C7 in `replay/rocketmq_control.py`). This kernel runs the group's control plane
 (`rocketmq_control.ControlPlane`, the one routing uses) at *control points* (faults, detections, elections,
-client switches, SyncStateSet checks and expansions) and processes every steady segment between two of them with
-whole-array numpy operations: appends are a cumulative count, a follower's log end after each report is a running
-maximum of `searchsorted` over the leader's append times (SPEC §3.2 rule 5), commit points are element-wise k-th
-largest values over the members' series (a SYNC_MASTER's slave copies, a DLedger majority, a controller's
-in_sync_replicas or SyncStateSet minimum), ack and visibility times are `searchsorted`s of offsets into those
-series. Broker statuses and client deadlines (R1) and flush decisions (R3) are evaluated lazily: a status never
+client switches, SyncStateSet checks and expansions) in Python. Between two of them a *steady segment* runs:
+- `rocketmq` and `dledger`: one compiled pass, one event at a time as the reference does
+  (`rocketmq_steady.group_steady`, called by `rocketmq_stretch.SteadySegments`);
+- `rocketmq-controller`: whole-array numpy operations (`_segment`): a follower's log end after each report is a
+  running maximum of `searchsorted` over the leader's append times (SPEC §3.2 rule 5), commit points are
+  element-wise minimum / k-th largest values over the members' series, ack and visibility times are
+  `searchsorted`s of offsets into those series.
+Broker statuses and client deadlines (R1) and flush decisions (R3) are evaluated lazily: a status never
 changes the replicas' state, and a flush only matters at a power loss.
 
 State lives in the object and is carried across `advance()` calls, so a group replays in time chunks (bounded
@@ -38,6 +40,8 @@ from replay.kernels._arrays import (
     prefix_runs,
     runs_array,
 )
+from replay.kernels.rocketmq_steady import CommitRule
+from replay.kernels.rocketmq_stretch import SteadyRule, SteadySegments
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
     OS_WRITEBACK_EXPIRE_MS,
@@ -304,6 +308,15 @@ class GroupReplay:
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         """Family decisions for messages appended at the serving broker (statuses at append)."""
 
+    def _app_ext(self, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The serving leader's append times by offset: (its log before the segment, the segment's appends)."""
+        app = self.lead_app.view
+        extra = ctx["ts"][:0]
+        if int(ctx["leo"][-1]) > len(app):
+            arrivals = np.flatnonzero(np.diff(np.concatenate([[len(app)], ctx["leo"]])) > 0)
+            extra = ctx["ts"][arrivals]
+        return app, np.append(extra, INF)
+
     # ==================================================================================== API
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
@@ -339,6 +352,9 @@ class GroupReplay:
         self.s_key = np.append(s_key[order], INF)
         self.s_code = np.append(np.where(is_rep, C_REPLICATE, C_PRODUCE), 0)
         self.s_broker = np.append(np.where(is_rep, bb[rep][ridx] if nrep else 0, -1), -1)
+        self.s_rep = np.full(len(self.s_broker), -1, dtype=np.int64)  # the reporting broker's index
+        for i, b in enumerate(self.order):
+            self.s_rep[self.s_broker == b] = i
         self.s_upto = np.append(np.where(is_rep, bu[rep][ridx] if nrep else 0, 0), 0)
         pm = ev.produce_msg[now]
         self.s_msg = np.append(np.where(is_rep, -1, pm[pidx] if len(pm) else 0), -1)
@@ -917,8 +933,8 @@ class GroupReplay:
 
 
 # ================================================================================ rocketmq (§3.3)
-class ClassicReplay(GroupReplay):
-    """SPEC §3.3 master/slave."""
+class ClassicReplay(SteadySegments, GroupReplay):
+    """SPEC §3.3 master/slave; steady segments run in compiled code (`rocketmq_stretch`)."""
 
     def __init__(self, policy: RocketMQPolicy, unit: int, members: tuple[int, ...], duration_us: int,
                  window_us: int = 1_000_000) -> None:
@@ -935,6 +951,12 @@ class ClassicReplay(GroupReplay):
     def _serving(self) -> int | None:
         return self.master if self.cp.up[self.master] else None
 
+    def _steady_rule(self) -> SteadyRule:
+        m = self.master
+        return SteadyRule(m, bool(self.cp.up[m]), bool(self.cp.alive(m)), CommitRule.CLASSIC, self.need,
+                          self._usable() >= self.need, True,
+                          self._coverage_now() if self.need else int(self.log_len[self.ix[m]]))
+
     def _usable(self) -> int:
         if self.cp.iso[self.master]:
             return 0
@@ -945,25 +967,6 @@ class ClassicReplay(GroupReplay):
             return int(self.log_len[0])
         ends = sorted((int(self.fetched[self.ix[s]]) for s in self.slaves), reverse=True)
         return ends[self.need - 1] if len(ends) >= self.need else 0
-
-    def _series(self, ctx: dict) -> dict:
-        out = {"cut": ctx["n"], "hw": ctx["leo"], "vis": None}
-        if self.need == 0:
-            out.update(ack=None, acks_at_append=True)
-            return out
-        stack = np.stack([ctx["fser"][s] for s in self.slaves]) if self.slaves else np.zeros((0, ctx["n"]), np.int64)
-        ack = _kth_largest(stack, self.need)
-        out.update(ack=ack, acks_at_append=False, leo_srv=ctx["leo"], app_srv=self._app_ext(ctx))
-        return out
-
-    def _app_ext(self, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
-        """The serving leader's append times by offset: (its log before the segment, the segment's appends)."""
-        app = self.lead_app.view
-        extra = ctx["ts"][:0]
-        if int(ctx["leo"][-1]) > len(app):
-            arrivals = np.flatnonzero(np.diff(np.concatenate([[len(app)], ctx["leo"]])) > 0)
-            extra = ctx["ts"][arrivals]
-        return app, np.append(extra, INF)
 
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols
@@ -1030,8 +1033,8 @@ class ClassicReplay(GroupReplay):
 
 
 # ================================================================================ dledger (§3.4)
-class DLedgerReplay(GroupReplay):
-    """SPEC §3.4 Raft groups."""
+class DLedgerReplay(SteadySegments, GroupReplay):
+    """SPEC §3.4 Raft groups; steady segments run in compiled code (`rocketmq_stretch`)."""
 
     answer_error = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
 
@@ -1052,22 +1055,16 @@ class DLedgerReplay(GroupReplay):
     def _serving(self) -> int | None:
         return self.leader if self.cp.writable() else None
 
-    def _series(self, ctx: dict) -> dict:
+    def _steady_rule(self) -> SteadyRule:
         ldr = self.leader
-        n = ctx["n"]
-        if ldr is None or not self.cp.up[ldr] or (self.cp.iso[ldr] and self.q > 1):
-            # an isolated leader commits only as a one-member group, its own majority (SPEC §3.7 R-4)
-            commit = np.full(n, self.commit, dtype=np.int64)
-        else:
-            stack = np.stack([ctx["leo"] if b == ldr else ctx["fser"][b] for b in self.order])
-            commit = np.maximum(self.commit, _kth_largest(stack, self.q))
-        return {"cut": n, "hw": commit, "ack": commit, "vis": commit, "vis0": self.commit, "acks_at_append": False,
-                "leo_srv": ctx["leo"], "app_srv": self._app_ext(ctx)}
+        up = ldr is not None and bool(self.cp.up[ldr])
+        # an isolated leader commits only as a one-member group, its own majority (SPEC §3.7 R-4)
+        commits = up and (not self.cp.iso[ldr] or self.q == 1)
+        return SteadyRule(ldr, self._serving() is not None, ldr is not None and bool(self.cp.alive(ldr)),
+                          CommitRule.DLEDGER, self.q, True, commits, self.commit)
 
-    _app_ext = ClassicReplay._app_ext
-
-    def _commit_series(self, ctx: dict, out: dict) -> None:
-        self.commit = int(out["hw"][-1])
+    def _steady_done(self, commit: int) -> None:
+        self.commit = commit
 
     def _blocked(self) -> bool:
         # R7: refusing (R-4: a leader without a reachable majority takes writes that cannot commit)
@@ -1221,7 +1218,7 @@ class ControllerReplay(GroupReplay):
                 stack = np.stack([ctx["leo"] if b == ldr else ctx["fser"][b] for b in self.order])
                 ack = _kth_largest(stack, self.k)
             out.update(ack=ack, acks_at_append=ack is None, leo_srv=ctx["leo"],
-                       app_srv=ClassicReplay._app_ext(self, ctx))
+                       app_srv=self._app_ext(ctx))
         else:
             out.update(ack=None, acks_at_append=None)  # a zombie (or nobody) takes the arrivals
         out["vis"] = hw if self.all_ack else None
