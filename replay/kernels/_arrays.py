@@ -167,6 +167,15 @@ def kth_largest(values: np.ndarray, m: int, k: int) -> int:
 
 
 @compiled
+def take_or(values: np.ndarray, idx: np.ndarray, fill: int) -> np.ndarray:
+    """values[idx] where idx ≥ 0, `fill` elsewhere (a gather with a null index)."""
+    out = np.empty(len(idx), dtype=np.int64)
+    for j in range(len(idx)):
+        out[j] = values[idx[j]] if idx[j] >= 0 else fill
+    return out
+
+
+@compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
     out = np.empty(n, dtype=np.int64)

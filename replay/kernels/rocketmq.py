@@ -39,8 +39,9 @@ from replay.kernels._arrays import (
     merge_order,
     prefix_runs,
     runs_array,
+    take_or,
 )
-from replay.kernels.rocketmq_steady import CommitRule
+from replay.kernels.rocketmq_steady import CommitRule, stream_columns
 from replay.kernels.rocketmq_stretch import SteadyRule, SteadySegments
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
@@ -224,9 +225,10 @@ class FlushState:
 
 
 class GroupReplay:
-    """Chunked, vectorized replay of one broker group: `advance()` time chunks in order, then `finish()`."""
+    """Chunked replay of one broker group: `advance()` time chunks in order, then `finish()`."""
 
     answer_error = Error.FLUSH_SLAVE_TIMEOUT
+    SEGMENT_MAX = SEGMENT_MAX
 
     def __init__(self, policy: Policy, unit: int, members: tuple[int, ...], duration_us: int,
                  window_us: int = 1_000_000) -> None:
@@ -263,7 +265,7 @@ class GroupReplay:
         self.handlers: dict = {}  # engine-derived event -> its handler (t, arg)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
-        self.segment_max = SEGMENT_MAX
+        self.segment_max = self.SEGMENT_MAX
 
     # ================================================================================== family hooks
     def _flush_mode(self) -> str:
@@ -345,22 +347,13 @@ class GroupReplay:
         # both sources come time-ordered: a linear merge (stable, replications first on equal keys)
         order = merge_order(r_key, p_key) if is_ascending(r_key) and is_ascending(p_key) else \
             np.argsort(s_key, kind="stable")
-        nrep = int(rep.sum())
-        is_rep = order < nrep
-        ridx = np.where(is_rep, order, 0)
-        pidx = np.where(is_rep, 0, order - nrep)
-        self.s_key = np.append(s_key[order], INF)
-        self.s_code = np.append(np.where(is_rep, C_REPLICATE, C_PRODUCE), 0)
-        self.s_broker = np.append(np.where(is_rep, bb[rep][ridx] if nrep else 0, -1), -1)
-        self.s_rep = np.full(len(self.s_broker), -1, dtype=np.int64)  # the reporting broker's index
-        for i, b in enumerate(self.order):
-            self.s_rep[self.s_broker == b] = i
-        self.s_upto = np.append(np.where(is_rep, bu[rep][ridx] if nrep else 0, 0), 0)
-        pm = ev.produce_msg[now]
-        self.s_msg = np.append(np.where(is_rep, -1, pm[pidx] if len(pm) else 0), -1)
-        self.s_size = np.append(np.where(is_rep, 0, ev.produce_size[now][pidx] if len(pm) else 0), 0)
-        self.s_pay = {k: np.append(np.where(is_rep, -1, payload[k][now][pidx] if len(pm) else 0), -1)
-                      for k in self.payload_keys}
+        nrep = len(r_key)
+        pm, ps = ev.produce_msg[now], ev.produce_size[now]
+        (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_msg, self.s_size,
+         s_pidx) = stream_columns(order, nrep, r_key, p_key, bb[rep], bu[rep], pm, ps,
+                                  np.array(self.order, dtype=np.int64))
+        self.s_pay = {k: take_or(np.asarray(payload[k][now], dtype=np.int64), s_pidx, -1) if k in payload
+                      else np.full(len(s_pidx), -1, dtype=np.int64) for k in self.payload_keys}
         self.s_pos = 0
         until_key = key_of(until_us, 0)
         ci = 0

@@ -28,7 +28,7 @@ class CommitRule(IntEnum):
     DLEDGER = 1  # rule 2: the q-th largest log end over the group, leader included; never decreases
 
 
-C_REPLICATE = int(Kind.REPLICATE)
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
 # pending-message states (as `rocketmq.MsgState`; numba reads module globals as compile-time constants)
 _WAITING, _ACKED, _FAILED = 0, 1, 2
 _NO_LEADER, _SLAVE_NOT_AVAILABLE = int(Error.NO_LEADER), int(Error.SLAVE_NOT_AVAILABLE)
@@ -231,3 +231,28 @@ def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
     sc[S_CUR_T], sc[S_COMMIT] = cur_t, commit
     sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_POS], sc[S_SCHED_POS] = lead_n, cum_n, ep_n, i_s, i_r
     sc[S_APPENDED], sc[S_NWRITES], sc[S_NROWS], sc[S_NUNAV] = appended, n_writes, n_rows, n_unav
+
+
+@compiled
+def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, p_msg, p_size, members):
+    """The chunk's stream events in the order `order` (indices into replications then produce events, as
+    `_arrays.merge_order` gives), with an INF sentinel at the end. Returns (key, code, broker, replica index,
+    upto, msg, size, produce index); replication rows hold msg -1, size 0 and produce index -1."""
+    n = len(order)
+    key = np.empty(n + 1, dtype=np.int64)
+    code, broker, rep, upto = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                               np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+    msg, size, pidx = (np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
+                       np.full(n + 1, -1, dtype=np.int64))
+    for o in range(n):
+        j = order[o]
+        if j < nrep:
+            key[o], code[o], broker[o], upto[o] = r_key[j], C_REPLICATE, r_broker[j], r_upto[j]
+            for i in range(len(members)):
+                if members[i] == r_broker[j]:
+                    rep[o] = i
+        else:
+            j -= nrep
+            key[o], code[o], msg[o], size[o], pidx[o] = p_key[j], C_PRODUCE, p_msg[j], p_size[j], j
+    key[n] = INF
+    return key, code, broker, rep, upto, msg, size, pidx

@@ -35,6 +35,10 @@ class SteadyRule:
 class SteadySegments:
     """Part of `rocketmq.ClassicReplay` and `rocketmq.DLedgerReplay`, which hold the state these methods use."""
 
+    #: Trace events per compiled segment at most: fewer Python round trips than the numpy path's segments, while
+    #: the pending table (compacted between segments) stays bounded.
+    SEGMENT_MAX = 1 << 17
+
     def _steady_rule(self) -> SteadyRule:
         raise NotImplementedError
 
