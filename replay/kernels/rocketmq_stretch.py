@@ -42,6 +42,22 @@ class SteadySegments:
     def _steady_rule(self) -> SteadyRule:
         raise NotImplementedError
 
+    def _scratch(self, n: int) -> tuple[np.ndarray, ...]:
+        """The loop's output buffers (writes, timeline rows, unavailability), room for n events, kept across
+        segments (fresh large arrays cost a page fault per 4 KiB)."""
+        bufs = self.__dict__.get("_bufs")
+        if bufs is None or len(bufs[0]) < n:
+            cap = max(n, 2 * len(bufs[0]) if bufs is not None else 0)
+            bufs = (*(np.empty(cap, dtype=np.int64) for _ in range(4)), np.empty((cap, 3), dtype=np.int64),
+                    np.empty((cap, 2), dtype=np.int64))
+            self._bufs = bufs
+        return bufs
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_bufs", None)  # scratch: not part of the replay's state (stream snapshots stay small)
+        return state
+
     def _steady_done(self, commit: int) -> None:
         """Carry the segment's final commit point."""
 
@@ -94,8 +110,7 @@ class SteadySegments:
         alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         before = self.log_len.copy()
-        w_rep, w_t, w_len, w_bytes = (np.empty(due, dtype=np.int64) for _ in range(4))
-        rows, unav = np.empty((due + 1, 3), dtype=np.int64), np.empty((due + 1, 2), dtype=np.int64)
+        w_rep, w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
         steady.group_steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
                             c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
                             c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
