@@ -176,6 +176,15 @@ def take_or(values: np.ndarray, idx: np.ndarray, fill: int) -> np.ndarray:
 
 
 @compiled
+def in_runs(runs: np.ndarray, epoch: int, offset: int) -> bool:
+    """Whether the log given as (epoch, start, end) runs holds position (epoch, offset) (scalar `runs_contain`)."""
+    for j in range(runs.shape[0]):
+        if runs[j, 1] <= offset < runs[j, 2]:
+            return runs[j, 0] == epoch
+    return False
+
+
+@compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
     out = np.empty(n, dtype=np.int64)

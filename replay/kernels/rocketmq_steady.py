@@ -15,7 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled, kth_largest
+from replay.kernels._arrays import compiled, in_runs, kth_largest
 from replay.rocketmq_control import INF, KEY
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
@@ -95,15 +95,6 @@ def _on_append(r, t, rule, k, usable_ok, state, err, ack, vis):
 
 
 @compiled
-def _in_runs(runs, epoch, offset):
-    """Whether the log given as (epoch, start, end) runs holds position (epoch, offset)."""
-    for j in range(runs.shape[0]):
-        if runs[j, 1] <= offset < runs[j, 2]:
-            return runs[j, 0] == epoch
-    return False
-
-
-@compiled
 def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                  size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
                  log_len, nbytes, fetched, lcu, alive, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
@@ -128,7 +119,7 @@ def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
     t0 = min(s_key[i_s] if i_s < s_hi else INF, sched_key[i_r] if i_r < r_hi else INF) // KEY
     if by_point and li >= 0:
         for r in range(cf[F_PEND_N]):
-            if base <= po[r] < leo0 and pe[r] >= 0 and _in_runs(lead_runs, pe[r], po[r]):
+            if base <= po[r] < leo0 and pe[r] >= 0 and in_runs(lead_runs, pe[r], po[r]):
                 orow[po[r] - base] = r
             if 0 <= po[r] < commit and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and \
                     tinc[r] == inc and t0 <= _ack_limit(arrive[r], dead[r], answer_us):
