@@ -152,6 +152,39 @@ def kth_largest_columns(stack: np.ndarray, k: int) -> np.ndarray:
 
 
 @compiled
+def kth_largest(values: np.ndarray, m: int, k: int) -> int:
+    """The k-th largest of values[:m] (k ≥ 1), 0 if there are fewer than k; sorts values[:m] in place."""
+    if k > m:
+        return 0
+    for r in range(1, m):  # insertion sort, descending: m is a group's size (≤ 10)
+        v = values[r]
+        i = r
+        while i > 0 and values[i - 1] < v:
+            values[i] = values[i - 1]
+            i -= 1
+        values[i] = v
+    return values[k - 1]
+
+
+@compiled
+def take_or(values: np.ndarray, idx: np.ndarray, fill: int) -> np.ndarray:
+    """values[idx] where idx ≥ 0, `fill` elsewhere (a gather with a null index)."""
+    out = np.empty(len(idx), dtype=np.int64)
+    for j in range(len(idx)):
+        out[j] = values[idx[j]] if idx[j] >= 0 else fill
+    return out
+
+
+@compiled
+def in_runs(runs: np.ndarray, epoch: int, offset: int) -> bool:
+    """Whether the log given as (epoch, start, end) runs holds position (epoch, offset) (scalar `runs_contain`)."""
+    for j in range(runs.shape[0]):
+        if runs[j, 1] <= offset < runs[j, 2]:
+            return runs[j, 0] == epoch
+    return False
+
+
+@compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
     out = np.empty(n, dtype=np.int64)

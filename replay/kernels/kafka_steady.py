@@ -14,7 +14,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled
+from replay.kernels._arrays import compiled, in_runs
 from schemas.outcomes import NULL_US
 from schemas.trace import Kind
 
@@ -100,15 +100,6 @@ def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expir
 
 
 @compiled
-def _in_runs(runs, epoch, offset):
-    """Whether the log given as (epoch, start, end) runs holds position (epoch, offset)."""
-    for k in range(runs.shape[0]):
-        if runs[k, 1] <= offset < runs[k, 2]:
-            return runs[k, 0] == epoch
-    return False
-
-
-@compiled
 def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s_keyid, sched_key, sched_row,
            msg, prod, size, dead, state, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
            log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
@@ -135,7 +126,7 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
     if li >= 0:
         for r in range(pend_n):
             o = po[r]
-            if pe[r] >= 0 and hw <= o < log_len[li] and _in_runs(lead_runs, pe[r], o):
+            if pe[r] >= 0 and hw <= o < log_len[li] and in_runs(lead_runs, pe[r], o):
                 orow[o - base] = r
     n_rows, n_unav, n_extra, n_hw = 0, 0, 0, 0
     closed = 0

@@ -1,0 +1,249 @@
+"""The compiled steady path of the `rocketmq` and `dledger` kernels (SPEC §3.3-3.4): one event at a time.
+
+Between two control points (faults, detections, elections, route polls) the group's leader, its reachability,
+the serving broker and the epoch do not change. `group_steady` applies the produce and replicate events and the
+scheduled arrivals (DLedger retries, C2) of such a segment in (ts, kind) order as the reference interpreter does
+(`GroupReference._append`, `_replicate`, `_ack_upto`, `_mark_visible`; `ClassicReference._arrive`, `_progress`;
+`DLedgerReference._arrive`, `_recommit`), with the carried state in arrays named like the reference's fields
+(`log_len`, `fetched`, `lcu`, `nbytes`, the leader's `commit`), and closes the instants it passes (timeline rows,
+availability; SPEC §4.2-4.3). Writes are returned for the flush model (R3), evaluated lazily in Python.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from replay.kernels._arrays import compiled, in_runs, kth_largest
+from replay.rocketmq_control import INF, KEY
+from schemas.outcomes import NULL_US, Error
+from schemas.trace import Kind
+
+
+class CommitRule(IntEnum):
+    """Which commit point answers the leader's requests."""
+
+    CLASSIC = 0  # rule 4 (SYNC_MASTER): the need-th largest slave copy; need = 0 acks at append (ASYNC_MASTER)
+    DLEDGER = 1  # rule 2: the q-th largest log end over the group, leader included; never decreases
+
+
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+# pending-message states (as `rocketmq.MsgState`; numba reads module globals as compile-time constants)
+_WAITING, _ACKED, _FAILED = 0, 1, 2
+_NO_LEADER, _SLAVE_NOT_AVAILABLE = int(Error.NO_LEADER), int(Error.SLAVE_NOT_AVAILABLE)
+_CLASSIC, _DLEDGER = int(CommitRule.CLASSIC), int(CommitRule.DLEDGER)
+
+# Indices of the carried scalars in `sc` (read and written back by `group_steady`).
+(S_CUR_T, S_COMMIT, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N, S_EP_N, S_POS,
+ S_SCHED_POS, S_APPENDED, S_NWRITES, S_NROWS, S_NUNAV) = range(16)
+N_SCALARS = 16
+# Indices of the per-segment constants in `cf`.
+(F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_RULE, F_K, F_USABLE_OK, F_COMMITS,
+ F_EPOCH, F_INC, F_ANSWER, F_WINDOW, F_BLOCKED) = range(17)
+N_CONSTANTS = 17
+
+
+@compiled
+def _ack_limit(arrive, dead, answer_us):
+    """R1: the last instant an ack still counts: the broker's status at arrival + its timeout, or the client's
+    deadline (at one instant replication comes first)."""
+    return min(arrive + answer_us, dead)
+
+
+@compiled
+def _point(rule, k, li, log_len, fetched, buf):
+    """The leader's commit point now: CLASSIC the k-th largest slave `fetched` (`_coverage`), DLEDGER the k-th
+    largest of the leader's log end and the others' `fetched` (`_recommit`)."""
+    m = 0
+    for b in range(len(fetched)):
+        if b != li:
+            buf[m] = fetched[b]
+            m += 1
+        elif rule == _DLEDGER:
+            buf[m] = log_len[b]
+            m += 1
+    return kth_largest(buf, m, k)
+
+
+@compiled
+def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbytes, lead_app, lead_cum, lead_n,
+            cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes):
+    """The leader appends message row r at t (`GroupReference._append`): its log, its epoch's entries, the
+    leader cache (append times, cumulative bytes by offset) and a write for the flush model; the message is
+    answered by this incarnation (R1)."""
+    off = log_len[li]
+    nbytes[li] += size
+    pe[r], po[r], tb[r], tinc[r], tep[r] = epoch, off, lb, inc, epoch
+    log_len[li] = off + 1
+    lead_app[lead_n], lead_cum[cum_n] = t, nbytes[li]
+    ep_app[ep_n] = t
+    ep_cum[ep_n + 1] = ep_cum[ep_n] + size
+    w_rep[n_writes], w_t[n_writes], w_len[n_writes], w_bytes[n_writes] = li, t, off + 1, nbytes[li]
+
+
+@compiled
+def _on_append(r, t, rule, k, usable_ok, state, err, ack, vis):
+    """The family's decision at append (`ClassicReference._arrive`; DLedger waits for its commit)."""
+    state[r] = _WAITING
+    if rule == _CLASSIC:
+        vis[r] = t  # rule 5: visibility is at the master's append
+        if k == 0:
+            state[r], ack[r] = _ACKED, t  # rule 4: ASYNC_MASTER acks at the master's append
+        elif not usable_ok:
+            state[r], err[r] = _FAILED, _SLAVE_NOT_AVAILABLE  # rule 4: at once, stored on the master
+
+
+@compiled
+def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
+                 size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
+                 log_len, nbytes, fetched, lcu, alive, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
+                 w_rep, w_t, w_len, w_bytes, row_out, unav_out):
+    """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], cf[F_S_HI]) and
+    scheduled arrivals [sc[S_SCHED_POS], cf[F_SCHED_HI]), merged. Produce events already have rows from
+    cf[F_ROW0] on, in order. Returns nothing: the carried scalars are in `sc`, outputs in the *_out / w_* buffers
+    with their counts in `sc`."""
+    cur_t, commit = sc[S_CUR_T], sc[S_COMMIT]
+    lead_n, cum_n, ep_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N]
+    i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], cf[F_S_HI], cf[F_SCHED_HI]
+    li, lb, srv_ok, l_ok, rule, k = cf[F_LI], cf[F_LB], cf[F_SRV_OK] == 1, cf[F_L_OK] == 1, cf[F_RULE], cf[F_K]
+    usable_ok, commits, epoch, inc = cf[F_USABLE_OK] == 1, cf[F_COMMITS] == 1, cf[F_EPOCH], cf[F_INC]
+    answer_us, window, blocked = cf[F_ANSWER], cf[F_WINDOW], cf[F_BLOCKED] == 1
+    by_point = rule == _DLEDGER or k > 0  # acks wait for a commit point (not ASYNC_MASTER)
+    row = cf[F_ROW0]
+    appended, n_writes, n_rows, n_unav = 0, 0, 0, 0
+    # offset -> row of the messages in the leader's log from the commit point up (R1, rule 4 visibility)
+    leo0 = log_len[li] if li >= 0 else 0
+    base = min(commit, leo0)
+    orow = np.full(max(leo0 - base, 0) + (s_hi - i_s) + (r_hi - i_r) + 1, -1, dtype=np.int64)
+    t0 = min(s_key[i_s] if i_s < s_hi else INF, sched_key[i_r] if i_r < r_hi else INF) // KEY
+    if by_point and li >= 0:
+        for r in range(cf[F_PEND_N]):
+            if base <= po[r] < leo0 and pe[r] >= 0 and in_runs(lead_runs, pe[r], po[r]):
+                orow[po[r] - base] = r
+            if 0 <= po[r] < commit and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and \
+                    tinc[r] == inc and t0 <= _ack_limit(arrive[r], dead[r], answer_us):
+                state[r], ack[r] = _ACKED, t0  # already below the commit point: answered at the next event
+    closed = 0
+    prev_leo, prev_hw = -1, -1
+    while True:
+        kt = s_key[i_s] if i_s < s_hi else INF
+        kr = sched_key[i_r] if i_r < r_hi else INF
+        if kt == INF and kr == INF:
+            break
+        trace = kt <= kr  # trace events first on equal keys
+        t = (kt if trace else kr) // KEY
+        if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
+            leo_c = log_len[li] if li >= 0 else 0
+            hw_c = commit if rule == _DLEDGER else leo_c  # R6: the consumer-visible point
+            if closed == 0:
+                row_out[0, 0], row_out[0, 1], row_out[0, 2] = cur_t, leo_c, hw_c
+                n_rows = 1
+            elif leo_c != prev_leo or hw_c != prev_hw:
+                # only each window's last change can survive coalescing (`replay.results.coalesce_states`)
+                if n_rows > 1 and row_out[n_rows - 1, 0] // window == cur_t // window:
+                    n_rows -= 1
+                row_out[n_rows, 0], row_out[n_rows, 1], row_out[n_rows, 2] = cur_t, leo_c, hw_c
+                n_rows += 1
+            prev_leo, prev_hw = leo_c, hw_c
+            closed += 1
+            stall = INF  # R7: the oldest entry still waiting for its commit, once its timeout passed
+            if not blocked and by_point and commit < leo_c:
+                stall = lead_app[commit] + answer_us
+            if sc[S_AV_HAS] == 1:  # the availability of the instant before ends here
+                lo, hi = INF, 0
+                if sc[S_AV_BLOCKED] == 1:
+                    lo, hi = sc[S_AV_T], cur_t
+                elif sc[S_AV_STALL] < cur_t:
+                    lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
+                if lo < hi:
+                    unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
+                    n_unav += 1
+            sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
+            cur_t = t
+        if trace:
+            j = i_s
+            i_s += 1
+            if s_code[j] == C_REPLICATE:  # -------------------------------------- SPEC §3.2 rule 5: a report
+                b = s_rep[j]
+                if not l_ok or b < 0 or b == li or not alive[b]:
+                    continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
+                leo = log_len[li]
+                old = log_len[b]
+                # the leader's entries appended by upto (append times never decrease in a log): a scan from the
+                # follower's log end, in time proportional to the entries it copies; a report never shrinks a log
+                new_len = old
+                while new_len < leo and lead_app[new_len] <= s_upto[j]:
+                    new_len += 1
+                if new_len > old:
+                    sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
+                    nbytes[b] = lead_cum[new_len]
+                    w_rep[n_writes], w_t[n_writes], w_len[n_writes], w_bytes[n_writes] = b, t, new_len, nbytes[b]
+                    n_writes += 1
+                log_len[b] = new_len
+                fetched[b] = new_len
+                lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
+            else:  # ------------------------------------------------------------ a message arrives (produce)
+                r = row
+                row += 1
+                if not srv_ok:
+                    state[r], err[r] = _FAILED, _NO_LEADER  # R2
+                    continue
+                _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes, lead_app,
+                        lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes)
+                lead_n, cum_n, ep_n, n_writes, appended = lead_n + 1, cum_n + 1, ep_n + 1, n_writes + 1, appended + 1
+                _on_append(r, t, rule, k, usable_ok, state, err, ack, vis)
+                orow[po[r] - base] = r
+        else:  # ------------------------------------------------------ a scheduled arrival (DLedger retry, C2)
+            r = sched_row[i_r]
+            i_r += 1
+            if not srv_ok:
+                state[r], err[r] = _FAILED, _NO_LEADER  # R2
+                continue
+            _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes,
+                    lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes)
+            lead_n, cum_n, ep_n, n_writes, appended = lead_n + 1, cum_n + 1, ep_n + 1, n_writes + 1, appended + 1
+            _on_append(r, t, rule, k, usable_ok, state, err, ack, vis)
+            orow[po[r] - base] = r
+        # --------------------------- the commit point after a report or an append (rule 4 / DLedger rule 2)
+        if by_point and commits:
+            c = _point(rule, k, li, log_len, fetched, buf)
+            if c > commit:
+                for o in range(commit, c):
+                    r = orow[o - base]
+                    if r < 0:
+                        continue
+                    if rule == _DLEDGER and vis[r] == NULL_US:
+                        vis[r] = t  # DLedger rule 4: consumers see committed entries
+                    if state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and tinc[r] == inc and \
+                            t <= _ack_limit(arrive[r], dead[r], answer_us):
+                        state[r], ack[r] = _ACKED, t
+                commit = c
+    sc[S_CUR_T], sc[S_COMMIT] = cur_t, commit
+    sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_POS], sc[S_SCHED_POS] = lead_n, cum_n, ep_n, i_s, i_r
+    sc[S_APPENDED], sc[S_NWRITES], sc[S_NROWS], sc[S_NUNAV] = appended, n_writes, n_rows, n_unav
+
+
+@compiled
+def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, p_msg, p_size, members):
+    """The chunk's stream events in the order `order` (indices into replications then produce events, as
+    `_arrays.merge_order` gives), with an INF sentinel at the end. Returns (key, code, broker, replica index,
+    upto, msg, size, produce index); replication rows hold msg -1, size 0 and produce index -1."""
+    n = len(order)
+    key = np.empty(n + 1, dtype=np.int64)
+    code, broker, rep, upto = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                               np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+    msg, size, pidx = (np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
+                       np.full(n + 1, -1, dtype=np.int64))
+    for o in range(n):
+        j = order[o]
+        if j < nrep:
+            key[o], code[o], broker[o], upto[o] = r_key[j], C_REPLICATE, r_broker[j], r_upto[j]
+            for i in range(len(members)):
+                if members[i] == r_broker[j]:
+                    rep[o] = i
+        else:
+            j -= nrep
+            key[o], code[o], msg[o], size[o], pidx[o] = p_key[j], C_PRODUCE, p_msg[j], p_size[j], j
+    key[n] = INF
+    return key, code, broker, rep, upto, msg, size, pidx
