@@ -29,15 +29,16 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/replab demo
 
-# The fast suite on two xdist workers (a test file is one unit of work, tests/conftest.py), then the testbed's
-# fast case alone: its real Kafka cluster keeps to its timeline better without a Spark test beside it.
+# The suites on two xdist workers (a test file is one unit of work, tests/conftest.py), then the testbed's
+# cases alone: a real Kafka cluster keeps to its timeline better without a Spark test beside it.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not testbed" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m "testbed and not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow and not testbed" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow and testbed" $(PYTEST_ARGS)
 
 # SPEC §12: every testbed-* scenario on a real Kafka cluster (root, Java, Maven on the first run), then the
 # README's agreement table. About 4 minutes per scenario on two cores.
