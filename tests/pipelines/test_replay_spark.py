@@ -29,6 +29,12 @@ from storage.trace_loader import read_events_arrow, read_events_spark
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 GOLDEN = sorted(p for p in SCENARIOS.iterdir() if (p / "expected.json").is_file())
+#: Goldens kept in `make test` through Spark: each family, multi-policy passes, routing to several partitions, a
+#: zombie leader and ELR, RocketMQ's route poll. Every other golden is checked through Spark in `make test-slow`
+#: (its rules live in the kernels, which tests/replay/test_golden_local.py checks on every golden in `make test`).
+FAST_GOLDEN = {"k2-acks1-leader-crash", "k10-zombie-leader", "k19-elr-last-known-leader", "r1-async-master-crash",
+               "d6-dledger-route-poll-failover", "d8-dledger-isolated-leader", "c6a-controller-allack-failover",
+               "c9-controller-refusal-retried"}
 
 pytestmark = pytest.mark.spark
 
@@ -40,7 +46,8 @@ def spark_replay(spark, folder, policies, window_ms: int = 1000):
     return manifest, runs, frames
 
 
-@pytest.mark.parametrize("folder", GOLDEN, ids=[p.name for p in GOLDEN])
+@pytest.mark.parametrize("folder", [p if p.name in FAST_GOLDEN else pytest.param(p, marks=pytest.mark.slow)
+                                    for p in GOLDEN], ids=[p.name for p in GOLDEN])
 def test_golden_summaries_through_spark(spark, folder):
     cases = json.loads((folder / "expected.json").read_text())
     policies = [parse_policy(c["policy"]) for c in cases]
