@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -43,8 +45,9 @@ def core_seconds(spec, seeds: list[int]) -> float:
     from generators.generate import build_plan, chunk_table, manifest_for
 
     total = 0.0
-    for seed in seeds:
-        plan = build_plan(spec.scenario, seed, spec.scale)
+    for seed in [None, *seeds]:  # the first, unmeasured, loads numba's compiled kernels, as the sweep's warm-up does
+        seed_id = seeds[0] + 1000 if seed is None else seed
+        plan = build_plan(spec.scenario, seed_id, spec.scale)
         manifest = manifest_for(plan)
         tables = [chunk_table(plan, c)[0] for c in range(plan.n_chunks)]
         started = time.process_time()
@@ -56,8 +59,18 @@ def core_seconds(spec, seeds: list[int]) -> float:
         for run in runs:
             summarize(run, [run.kernels[u].finish() for u in run.layout.units], plan.duration_us, spec.window_us,
                       False)
-        total += time.process_time() - started
+        if seed is not None:
+            total += time.process_time() - started
     return total / len(seeds)
+
+
+def task_slots(spark, master: str) -> int:
+    """Cores the job's tasks run on: N for local[N] (not defaultParallelism, which storage/session.py sets to twice
+    the cores)."""
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
+    if match:
+        return (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
+    return 1 if master == "local" else spark.sparkContext.defaultParallelism
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +155,7 @@ def marginal(spec, args, rows: list[Row]) -> list[str]:
     core = core_seconds(spec, list(range(args.core_seeds)))
     rows.append(Row("replay core, one seed (no Spark, CPU s)", 1, core, core, core, load_average()))
     spark = get_spark("replab-sweep-bench", master=args.master)
-    cores = spark.sparkContext.defaultParallelism
+    cores = task_slots(spark, args.master)
     jvm = jvm_pid(spark)
     run_sweep_job(spark, spec, range(1000, 1002))  # warm-up: JVM, Python workers, imports
     timings = {}
