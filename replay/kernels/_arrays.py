@@ -185,6 +185,23 @@ def in_runs(runs: np.ndarray, epoch: int, offset: int) -> bool:
 
 
 @compiled
+def timeline_row(row_out: np.ndarray, n_rows: int, closed: int, t: int, leo: int, hw: int, prev_leo: int,
+                 prev_hw: int, window: int, series: bool) -> int:
+    """Record the end state of instant t in a compiled loop's timeline rows (t, log end, high watermark): the
+    first instant always, then only changes, each window keeping its last (the only one that survives
+    `replay.results.coalesce_states`). Returns the new row count."""
+    if closed == 0:
+        row_out[0, 0], row_out[0, 1], row_out[0, 2] = t, leo, hw
+        return 1
+    if series and (leo != prev_leo or hw != prev_hw):
+        if n_rows > 1 and row_out[n_rows - 1, 0] // window == t // window:
+            n_rows -= 1
+        row_out[n_rows, 0], row_out[n_rows, 1], row_out[n_rows, 2] = t, leo, hw
+        n_rows += 1
+    return n_rows
+
+
+@compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
     out = np.empty(n, dtype=np.int64)
@@ -281,6 +298,24 @@ def prefix_runs(runs: list[list[int]], length: int) -> list[list[int]]:
             break
         out.append([e, s, min(end, length)])
     return out
+
+
+def extend_runs(runs: list[list[int]], epoch: int, start: int, k: int) -> None:
+    """The leader appended entries [start, start + k) in `epoch`: extend its last run, or open one."""
+    if runs and runs[-1][0] == epoch and runs[-1][2] == start:
+        runs[-1][2] = start + k
+    else:
+        runs.append([epoch, start, start + k])
+
+
+def append_time_at(runs: list[list[int]], epochs: dict, offset: int) -> int:
+    """Append time of the entry at `offset` of a log: its run's epoch holds the leader's append times
+    (`epochs[e] = (start offset, append times, ...)`)."""
+    for e, s, end in runs:
+        if s <= offset < end:
+            start, app, *_ = epochs[e]
+            return int(app.view[offset - start])
+    raise IndexError(offset)
 
 
 def common_prefix(a: list[list[int]], b: list[list[int]]) -> int:

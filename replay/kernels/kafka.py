@@ -23,7 +23,7 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, Table, Timeline, prefix_runs, runs_array
+from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, runs_array
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
     C_REPLICATE,
@@ -224,11 +224,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
 
     def _app_at(self, b: int, offset: int) -> int:
         """Append time of the entry at `offset` of broker b's log."""
-        for e, s, end in self.runs[self.ix[b]]:
-            if s <= offset < end:
-                start, app, _ = self.epochs[e]
-                return int(app.view[offset - start])
-        raise IndexError(offset)
+        return append_time_at(self.runs[self.ix[b]], self.epochs, offset)
 
     # -------------------------------------------------------------------------------- durability
     def _wrote(self, i: int, t: int, length: int) -> None:

@@ -14,7 +14,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled, in_runs
+from replay.kernels._arrays import compiled, in_runs, timeline_row
 from schemas.outcomes import NULL_US
 from schemas.trace import Kind
 
@@ -142,16 +142,7 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
         t = (kt if trace else kr) // 16
         if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
             leo_c = log_len[li] if li >= 0 else 0
-            if closed == 0 or not series:
-                if closed == 0:
-                    row_out[0, 0], row_out[0, 1], row_out[0, 2] = cur_t, leo_c, hw
-                    n_rows = 1
-            elif leo_c != prev_leo or hw != prev_hw:
-                # only each window's last change can survive coalescing (`replay.results.coalesce_states`)
-                if n_rows > 1 and row_out[n_rows - 1, 0] // window == cur_t // window:
-                    n_rows -= 1
-                row_out[n_rows, 0], row_out[n_rows, 1], row_out[n_rows, 2] = cur_t, leo_c, hw
-                n_rows += 1
+            n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw, prev_leo, prev_hw, window, series)
             prev_leo, prev_hw = leo_c, hw
             closed += 1
             stall = INF

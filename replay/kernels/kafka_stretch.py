@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, prefix_runs, reserve, reserve_rows, runs_array
+from replay.kernels._arrays import Grow, extend_runs, prefix_runs, reserve, reserve_rows, runs_array
 from replay.kernels.kafka_common import (
     COMPACT_AT,
     MS,
@@ -102,12 +102,9 @@ class KafkaStretches:
         if k:
             if new_epoch:
                 self.epochs[epoch] = (ep_start, ep_app, ep_size)
-            start, runs = int(self.log_len[si]) - k, self.runs[si]
+            start = int(self.log_len[si]) - k
             assert self.epochs[epoch][0] + ep_app.n == start + k, "an epoch's leader appends contiguously"
-            if runs and runs[-1][0] == epoch and runs[-1][2] == start:
-                runs[-1][2] = start + k
-            else:
-                runs.append([epoch, start, start + k])
+            extend_runs(self.runs[si], epoch, start, k)
         for i in range(n):
             if i not in (li, si) and self.log_len[i] > grow_from[i]:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))

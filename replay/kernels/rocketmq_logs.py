@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kernels._arrays import (
-    Grow,
-    common_prefix,
-    prefix_runs,
-)
+from replay.kernels._arrays import Grow, append_time_at, common_prefix, prefix_runs
 from schemas.trace import Kind
 
 
@@ -101,11 +97,8 @@ class GroupLogs:
         self.lead_cum = Grow(np.concatenate(cum))
 
     def _app_at(self, b: int, offset: int) -> int:
-        for e, s, end in self.runs[self.ix[b]]:
-            if s <= offset < end:
-                start, app, _ = self.epochs[e]
-                return int(app.view[offset - start])
-        raise IndexError(offset)
+        """Append time of the entry at `offset` of broker b's log."""
+        return append_time_at(self.runs[self.ix[b]], self.epochs, offset)
 
     def _lose_data(self, t: int, i: int, kind: Kind) -> None:
         """SPEC §2.2 / §3.3 rule 6: crash keeps everything, power loss the durable prefix, disk loss nothing."""

@@ -15,7 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled, in_runs, kth_largest
+from replay.kernels._arrays import compiled, in_runs, kth_largest, timeline_row
 from replay.rocketmq_control import INF, KEY
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
@@ -136,15 +136,7 @@ def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
         if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
             leo_c = log_len[li] if li >= 0 else 0
             hw_c = commit if rule == _DLEDGER else leo_c  # R6: the consumer-visible point
-            if closed == 0:
-                row_out[0, 0], row_out[0, 1], row_out[0, 2] = cur_t, leo_c, hw_c
-                n_rows = 1
-            elif leo_c != prev_leo or hw_c != prev_hw:
-                # only each window's last change can survive coalescing (`replay.results.coalesce_states`)
-                if n_rows > 1 and row_out[n_rows - 1, 0] // window == cur_t // window:
-                    n_rows -= 1
-                row_out[n_rows, 0], row_out[n_rows, 1], row_out[n_rows, 2] = cur_t, leo_c, hw_c
-                n_rows += 1
+            n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw_c, prev_leo, prev_hw, window, True)
             prev_leo, prev_hw = leo_c, hw_c
             closed += 1
             stall = INF  # R7: the oldest entry still waiting for its commit, once its timeout passed

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.kernels import rocketmq_steady as steady
-from replay.kernels._arrays import Grow, prefix_runs, reserve, runs_array
+from replay.kernels._arrays import Grow, extend_runs, prefix_runs, reserve, runs_array
 from replay.kernels.rocketmq_steady import CommitRule
 from replay.rocketmq_control import INF, KEY
 from schemas.trace import Kind
@@ -133,12 +133,9 @@ class SteadySegments:
         if k:
             if new_epoch:
                 self.epochs[epoch] = (ep_start, ep_app, ep_cum)
-            start, runs = int(self.log_len[li]) - k, self.runs[li]
+            start = int(self.log_len[li]) - k
             assert self.epochs[epoch][0] + ep_app.n == start + k, "an epoch's leader appends contiguously"
-            if runs and runs[-1][0] == epoch and runs[-1][2] == start:
-                runs[-1][2] = start + k
-            else:
-                runs.append([epoch, start, start + k])
+            extend_runs(self.runs[li], epoch, start, k)
         for i in range(n):
             if i != li and self.log_len[i] > before[i]:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
