@@ -35,6 +35,7 @@ from typing import Any
 from expectations import runner
 from schemas.errors import GateFailed
 from schemas.outcomes import FATE_LABELS, STATUS_LABELS
+from storage.session import adaptive_off
 
 SUITE = "output_gate"
 
@@ -264,10 +265,14 @@ def offending(spark, checks: Sequence[Check]) -> tuple[list[int], list[list[dict
     from pyspark.sql import functions as F
 
     by_check = Window.partitionBy("check")
-    first = (violations_frame(spark, checks)
+    query = (violations_frame(spark, checks)
              .withColumn("_count", F.count(F.lit(1)).over(by_check))
              .withColumn("_rank", F.row_number().over(by_check.orderBy("run_id", "row")))
-             .where(F.col("_rank") <= runner.PARTIAL_ROWS).collect())
+             .where(F.col("_rank") <= runner.PARTIAL_ROWS))
+    # Adaptive execution would run each of the query's many shuffles as a Spark job of its own (about 40 for one
+    # replay); the inputs are small and cached, so one static plan is one job and several times faster.
+    with adaptive_off(spark):
+        first = query.collect()
     counts, rows = [0] * len(checks), [[] for _ in checks]
     for r in sorted(first, key=lambda r: (r["check"], r["_rank"])):
         counts[r["check"]] = int(r["_count"])

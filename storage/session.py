@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DELTA_SCALA = "2.13"
@@ -164,3 +166,16 @@ def _check_delta(spark) -> None:
             f"Delta Lake is not on this cluster's classpath: add --packages {delta_package()} to spark-submit "
             "(SPEC §6.2), or use a Databricks runtime with Delta"
         ) from exc
+
+
+@contextmanager
+def adaptive_off(spark) -> Iterator[None]:
+    """Run the block's queries with one static plan each: adaptive execution makes every shuffle stage a Spark
+    job of its own, which costs more than it saves on a query over small cached frames with many shuffles."""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
