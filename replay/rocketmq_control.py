@@ -530,9 +530,11 @@ class ControllerControl(ControlPlane):
             self._elect(t)
 
     def _elect(self, t: int) -> None:
+        old, restarted = self.leader, self.reincarnated
         self.reincarnated = False
-        old = self.leader
-        if self.zombie is None and old is not None and old == self.target and self.up[old] and self.iso[old]:
+        # C7: a master that restarted while isolated never learnt that it led: no zombie (reference `_elect`)
+        if self.zombie is None and old is not None and not restarted and old == self.target and self.up[old] \
+                and self.iso[old]:
             self.zombie = old  # clients keep writing to the isolated master they know until their next poll
         eligible = [b for b in self.members if self.alive(b)]
         if not eligible:

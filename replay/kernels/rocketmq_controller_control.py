@@ -76,7 +76,8 @@ class ControllerControl:
 
     def _replace_master(self, t: int, new: int | None) -> None:
         old = self.master
-        if old is not None and self.cp.up[old] and self.cp.iso[old] and old == self.cp.target and self.zombie is None:
+        # the control plane decides who is a zombie (C7, a restarted master is none); the kernel keeps its data
+        if old is not None and self.cp.zombie == old and self.zombie is None:
             self.zombie = {"broker": old, "epoch": self.cp.epoch - (1 if new is not None else 0),
                            "view": self.iso_view or (old,), "hw": self.hw, "ack": 0}
             self.zombie["ack"] = self._zombie_ack_point(old)

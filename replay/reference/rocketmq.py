@@ -1068,10 +1068,12 @@ class ControllerReference(GroupReference):
 
     def _elect(self, t: int) -> None:
         """Elect from the alive replicas (C1: the first in group order; its log the best eligible one)."""
-        old = self.master
+        old, restarted = self.master, self.reincarnated
         self.reincarnated = False
         eligible = self._alive_members()
-        if old is not None and self.rep[old].up and self.rep[old].isolated and old == self.target \
+        # C7: a master that restarted while isolated serves nothing, so it is no zombie either: its new incarnation
+        # never learnt that it led (as Kafka's rule 10, only the incarnation that led believes it leads)
+        if old is not None and not restarted and self.rep[old].up and self.rep[old].isolated and old == self.target \
                 and self.zombie is None:
             self.zombie = ZombieMaster(old, self.epoch, self.iso_view or (old,), self.hw, self._ack_point(old))
         self.iso_view = None

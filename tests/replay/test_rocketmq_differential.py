@@ -18,7 +18,7 @@ from replay.families import family_of
 from replay.local import control_events, replay_local
 from replay.results import coalesce_states
 from replay.rocketmq_control import key_of
-from schemas.outcomes import Error, Status
+from schemas.outcomes import FATE_LABELS, Error, Status
 from schemas.trace import Kind
 
 from .strategies import ROCKETMQ_POLICY_STRATEGIES, event_table, group_traces
@@ -259,6 +259,41 @@ def test_offline_group_reelection_waits_for_the_route_poll():
         [result] = replay_local(policy, manifest, table, engine=engine)
         assert result.unavailable == [(0, 1000), (2000, 700_000)], engine
         assert set(result.messages.records.error.tolist()) == {int(Error.NO_ROUTE)}, engine
+
+
+def test_master_restarted_while_isolated_is_no_zombie():
+    """Found by the slow suite (2026-11-24, minimized to one broker): the kernel stopped on its own invariant (an
+    epoch's leader appends contiguously) because the engines made a master that restarted while isolated a zombie,
+    appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq_control`): such a master
+    serves nothing until its new incarnation registers, so it is no zombie either. Controller mode, one group {0},
+    no slaves, controller_scan_ms=300 (scans at 2000 ms + k·300 ms), heartbeat timeout 10 s. Messages 1 and 2 are
+    acked and visible at 400 ms (async flush, in_sync_replicas=1) and lost with the disk at 6.4 s. The controller
+    would notice at the first scan 10 s later, 16.4 s; broker 0, isolated at 10.8 s while down, restarts at 13.9 s
+    and cannot register. At 16.4 s no member is reachable: the group goes offline with no zombie. Messages 3, 4
+    (18 s) and 5 (22 s) go to a broker that serves nothing: no_route (no retry). Unavailable from 6.4 s to the
+    end. Before the fix both engines acked messages 3 and 4 at 18 s."""
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    policy = parse_policy("rocketmq-controller:slaves_per_master=0,queues_per_group=1,controller_scan_ms=300,"
+                          "retry_times_when_send_failed=0,route_refresh_ms=5000")
+    events = [(400_000, "produce", 1), (400_000, "produce", 2), (6_400_000, "disk_loss", 0),
+              (10_800_000, "isolate", 0), (13_900_000, "restart", 0), (18_000_000, "produce", 3),
+              (18_000_000, "produce", 4), (22_000_000, "produce", 5)]
+    manifest = Manifest("regression", (Broker(0, "r0"),), 40_000_000)
+    table = event_table(events)
+    check_case(manifest, table, policy)
+    check_chunks(manifest, table, policy, [1000, 13_900_000, 16_400_000])
+    acked, failed, lost = int(Status.ACKED), int(Status.FAILED), FATE_LABELS.index("lost")
+    for engine in ("reference", "kernel"):
+        [result] = replay_local(policy, manifest, table, engine=engine)
+        # (msg_id, produce_us, status, error, ack_us, visible_us, fate)
+        assert [row[:7] for row in outcome_rows(result)] == [
+            (1, 400_000, acked, int(Error.NONE), 400_000, 400_000, lost),
+            (2, 400_000, acked, int(Error.NONE), 400_000, 400_000, lost),
+            *[(m, ts, failed, int(Error.NO_ROUTE), -1, -1, FATE_LABELS.index("absent"))
+              for m, ts in ((3, 18_000_000), (4, 18_000_000), (5, 22_000_000))]], engine
+        assert result.unavailable == [(6_400_000, 40_000_000)], engine
 
 
 def test_isolated_one_member_dledger_group_commits_alone():
