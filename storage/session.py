@@ -171,7 +171,8 @@ def _check_delta(spark) -> None:
 @contextmanager
 def adaptive_off(spark) -> Iterator[None]:
     """Run the block's queries with one static plan each: adaptive execution makes every shuffle stage a Spark
-    job of its own, which costs more than it saves on a query over small cached frames with many shuffles."""
+    job of its own, which costs more than it saves on a query over small cached frames with many shuffles. The
+    setting is the session's: use it where no other thread runs queries meanwhile (the output gate's one query)."""
     key = "spark.sql.adaptive.enabled"
     before = spark.conf.get(key)
     spark.conf.set(key, "false")
