@@ -139,12 +139,8 @@ class KafkaStretches:
         assert start + len(app) == offsets[0], "an epoch's leader appends contiguously"
         app.extend(app_ts)
         size.extend(sizes)
-        runs = self.runs[si]
         end = int(offsets[-1]) + 1
-        if runs and runs[-1][0] == epoch and runs[-1][2] == offsets[0]:
-            runs[-1][2] = end
-        else:
-            runs.append([epoch, int(offsets[0]), end])
+        extend_runs(self.runs[si], epoch, int(offsets[0]), end - int(offsets[0]))
         self.log_len[si] = end
         self._wrote(si, int(app_ts[-1]), int(offsets[-1]) + 1)  # one instant: one durability bucket
         if self.order[si] == self.leader:

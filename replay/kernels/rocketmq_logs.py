@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kernels._arrays import Grow, append_time_at, common_prefix, prefix_runs
+from replay.kernels._arrays import Grow, append_time_at, common_prefix, extend_runs, prefix_runs
 from schemas.trace import Kind
 
 
@@ -31,12 +31,8 @@ class GroupLogs:
         assert start + len(app) == start_off, "an epoch's leader appends contiguously"
         app.extend(ts)
         cum.extend(cum.view[-1] + np.cumsum(sizes))
-        runs = self.runs[i]
         end = start_off + len(ts)
-        if runs and runs[-1][0] == epoch and runs[-1][2] == start_off:
-            runs[-1][2] = end
-        else:
-            runs.append([epoch, start_off, end])
+        extend_runs(self.runs[i], epoch, start_off, len(ts))
         new_bytes = self.nbytes[i] + np.cumsum(sizes)
         self.log_len[i] = end
         self.nbytes[i] = int(new_bytes[-1])
