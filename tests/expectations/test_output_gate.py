@@ -52,6 +52,8 @@ def test_a_correct_run_passes(spark, produced_ids):
     report = check_outputs(spark, outputs, ["ok"], produced_msg_ids=produced_ids)
     assert report.success and report.failures == [] and report.evaluated == 12
     assert report.evaluated == report.successful
+    # the gate's query ran with a static plan (`adaptive_off`); the session's own setting is back afterwards
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
 
 
 def test_each_expectation_catches_its_violation_and_names_the_run(spark, produced_ids):
