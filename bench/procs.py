@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -56,6 +57,37 @@ def descendants(root: int | None) -> list[int]:
 def worker_peak_mb(jvm_pid: int | None) -> float | None:
     peaks = [p for p in (vm_hwm_mb(pid) for pid in descendants(jvm_pid)) if p is not None]
     return max(peaks) if peaks else None
+
+
+class WorkerPeak:
+    """The largest peak RSS (VmHWM) of any process under the JVM while the block runs, sampled every `every_s`:
+    Python workers may exit before the block ends, taking their own VmHWM with them."""
+
+    def __init__(self, jvm_pid: int | None, every_s: float = 0.5) -> None:
+        self.jvm_pid, self.every_s, self.peak_mb = jvm_pid, every_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        self.peak_mb = max(self.peak_mb, worker_peak_mb(self.jvm_pid) or 0.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> WorkerPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def driver_python_peak_mb() -> float:
+    """Peak RSS of this Python process (the driver's Python side) so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def proc_cpu_seconds(pid: int) -> float:

@@ -26,7 +26,9 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "kernel-every-scenario": ("bench.kernel_bench", ["--every-scenario", "--reference-scale", "0.05"],
                               ["--every-scenario", "--reference-scale", "0.02"]),
     "generate": ("bench.generate_bench", [], ["--sizes", "1e6"]),
-    "spark": ("bench.spark_bench", ["--sizes", "1e6,1e7"], ["--sizes", "2e5", "--skip-full"]),
+    "spark": ("bench.spark_bench", ["--sizes", "1e6"], ["--sizes", "2e5", "--skip-full"]),
+    # Issue 15's scale check: 1 M and 10 M events, the replay cores and one policy's full replay, peak memory.
+    "scale": ("bench.spark_bench", ["--sizes", "1e6,1e7", "--full", "one"], ["--sizes", "1e5,1e6", "--full", "one"]),
     "stream": ("bench.stream_bench", [], []),
     # The sweep's marginal cost per seed against one replay core, and a 2-worker standalone cluster vs local[1].
     "sweep": ("bench.sweep_bench", ["--cluster-seeds", "40"], ["--seeds", "2,6", "--core-seeds", "2",

@@ -13,7 +13,8 @@
   replay, windows, output gate, every Delta table of the run protocol (the price of the lakehouse).
 
     python -m bench.spark_bench                       # 1 M events (steady-state), all of the above
-    python -m bench.spark_bench --sizes 1e6,1e7       # linear growth check (SPEC §10 "Scale")
+    python -m bench.spark_bench --sizes 1e6,1e7 --full one   # the scale check (SPEC §10, issue 15): time at
+                                                        # 10 M / time at 1 M per job (<= 11), peak memory
     python -m bench.spark_bench --skip-full --json out.json
 
 Traces are the library's `steady-state` scenario at the scale giving the requested event count, generated
@@ -25,13 +26,14 @@ may be shared: see bench/procs.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import cpu_seconds, emit, jvm_pid, load_average, vm_hwm_mb, worker_peak_mb
+from bench.procs import WorkerPeak, cpu_seconds, driver_python_peak_mb, emit, jvm_pid, load_average, vm_hwm_mb
 
 ONE_POLICY = "kafka-durable"
 
@@ -46,8 +48,9 @@ class Row:
     cpu_seconds: float
     events_per_s: float
     load_avg_1m: float
-    jvm_peak_mb: float | None
-    worker_peak_mb: float | None
+    jvm_peak_mb: float | None  # the driver JVM's peak RSS so far (VmHWM: never decreases within the run)
+    worker_peak_mb: float | None  # the largest Python worker's peak RSS during this job (sampled)
+    driver_python_peak_mb: float | None = None  # this Python process's peak RSS so far
 
 
 def floor_job(spark, trace: Path, out: str) -> int:
@@ -95,7 +98,9 @@ def full_replay(spark, trace: Path, policy_texts: list[str], lakehouse: str) -> 
     return sum(int(s["produced"]) for s in report.summaries)
 
 
-def run(sizes: list[int], *, skip_full: bool = False, log=print) -> list[Row]:
+def run(sizes: list[int], *, full: str = "all", log=print) -> list[Row]:
+    """`full`: which full replays to time besides the floor and the replay cores: "all" (one policy and every
+    preset), "one" (one policy) or "none"."""
     from bench.generate_bench import scale_for
     from generators.generate import generate_trace
     from generators.library import resolve_scenario
@@ -120,18 +125,21 @@ def run(sizes: list[int], *, skip_full: bool = False, log=print) -> list[Row]:
             jobs = [("floor", [], floor_job), (f"replay core: {ONE_POLICY}", [ONE_POLICY], replay_core),
                     (f"replay core: the {len(kafka)} Kafka presets", kafka, replay_core),
                     (f"replay core: all {len(everything)} presets", everything, replay_core)]
-            if not skip_full:
-                jobs += [(f"full replay: {ONE_POLICY}", [ONE_POLICY], full_replay),
-                         (f"full replay: all {len(everything)} presets", everything, full_replay)]
+            if full in ("one", "all"):
+                jobs.append((f"full replay: {ONE_POLICY}", [ONE_POLICY], full_replay))
+            if full == "all":
+                jobs.append((f"full replay: all {len(everything)} presets", everything, full_replay))
             for i, (name, policies, job) in enumerate(jobs):
                 out = str(root / f"out-{size}-{i}")
                 n_policies = len(policies)
                 cpu0, t0 = cpu_seconds(pid), time.monotonic()
-                messages = job(spark, trace, out) if job is floor_job else job(spark, trace, policies, out)
+                with WorkerPeak(pid) as workers:
+                    messages = job(spark, trace, out) if job is floor_job else job(spark, trace, policies, out)
                 seconds, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
                 row = Row(name, n_policies, result.events, messages, round(seconds, 2), round(cpu, 2),
                           round(result.events / seconds), load_average(),
-                          round(vm_hwm_mb(pid), 1) if pid else None, worker_peak_mb(pid))
+                          round(vm_hwm_mb(pid), 1) if pid else None, round(workers.peak_mb, 1),
+                          round(driver_python_peak_mb(), 1))
                 rows.append(row)
                 log(f"{row.events:>11,} events  {name:34s} {row.seconds:8.2f} s  cpu {row.cpu_seconds:8.2f} s  "
                     f"{row.messages:>11,} outcome rows  load {row.load_avg_1m}")
@@ -157,25 +165,38 @@ def ratios(rows: list[Row]) -> list[str]:
                 out.append(f"{events:,} events: {many.job.split(': ', 1)[1]} / one policy = "
                            f"{many.seconds / one.seconds:.2f}× wall, {many.cpu_seconds / one.cpu_seconds:.2f}× CPU "
                            "(target for the Kafka presets ≤ 2.5×)")
+    sizes = sorted({r.events for r in rows})
+    for small, large in itertools.pairwise(sizes):
+        for job in dict.fromkeys(r.job for r in rows):
+            a = next((r for r in rows if r.events == small and r.job == job), None)
+            b = next((r for r in rows if r.events == large and r.job == job), None)
+            if a and b:
+                out.append(f"{job}: time at {large:,} / time at {small:,} events = {b.seconds / a.seconds:.2f}× "
+                           f"wall, {b.cpu_seconds / a.cpu_seconds:.2f}× CPU for {large / small:.2f}× the events "
+                           "(target ≤ 11× for 10×)")
     return out
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| events | job | policies | seconds | CPU s | events/s | outcome rows | load avg |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| events | job | policies | seconds | CPU s | events/s | outcome rows | load avg | driver JVM peak MB "
+             "| Python worker peak MB | driver Python peak MB |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.events:,} | {r.job} | {r.policies} | {r.seconds:.1f} | {r.cpu_seconds:.1f} | "
-                     f"{r.events_per_s:,.0f} | {r.messages:,} | {r.load_avg_1m:.1f} |")
+                     f"{r.events_per_s:,.0f} | {r.messages:,} | {r.load_avg_1m:.1f} | {r.jvm_peak_mb} | "
+                     f"{r.worker_peak_mb} | {r.driver_python_peak_mb} |")
     return "\n".join(lines + [""] + [f"- {line}" for line in ratios(rows)])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1e6", help="comma-separated event counts (default 1e6)")
-    parser.add_argument("--skip-full", action="store_true", help="only the floor and the replay core")
+    parser.add_argument("--full", choices=("all", "one", "none"), default="all",
+                        help="full replays to time: one policy and every preset (all), one policy, or none")
+    parser.add_argument("--skip-full", action="store_true", help="only the floor and the replay cores (--full none)")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
-    rows = run([int(float(s)) for s in args.sizes.split(",")], skip_full=args.skip_full)
+    rows = run([int(float(s)) for s in args.sizes.split(",")], full="none" if args.skip_full else args.full)
     return emit(rows, markdown(rows), args.json)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.tables import SUMMARY_FIELDS, TABLES
+from storage.session import local_frame
 
 UNROUTED_PARTITION = -1
 
@@ -60,7 +61,7 @@ def run_info_df(spark, infos: Sequence[RunInfo]):
     rows = [(i.run_id, int(i.duration_us), int(i.partitions), i.min_insync_replicas, i.brokers_used,
              None if i.replicas_per_message is None else float(i.replicas_per_message), i.replication_bytes)
             for i in infos]
-    return spark.createDataFrame(rows, schema=_RUN_INFO_DDL)
+    return local_frame(spark, rows, _RUN_INFO_DDL)
 
 
 def _as_run_info(spark, run_info):

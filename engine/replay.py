@@ -36,6 +36,7 @@ from engine.plan import (
     run_infos,
     run_records,
 )
+from storage.session import local_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -144,8 +145,8 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     routed = produce.mapInArrow(route_batches(plan), ROUTED_DDL)
 
     # Broker events go to every unit that hosts the broker, in every class (a kernel ignores other brokers).
-    fanout = spark.createDataFrame(
-        [(rc.index, u, b) for rc in classes for u in rc.units for b in rc.router[1].replicas[u]],
+    fanout = local_frame(
+        spark, [(rc.index, u, b) for rc in classes for u in rc.units for b in rc.router[1].replicas[u]],
         "cls INT, unit INT, broker INT").dropDuplicates()
     brokers = events.where(F.col("kind_code") != int(Kind.PRODUCE)).join(F.broadcast(fanout), "broker")
     broker_rows = brokers.select(
@@ -186,8 +187,8 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw):
         "readable_at_end", "offset", "visible_us")
 
     # Timelines and intervals are per unit; a RocketMQ group's apply to each of its queues.
-    unit_parts = spark.createDataFrame(
-        [(r.index, u, p) for r in runs for u, ps in r.unit_partitions.items() for p in ps],
+    unit_parts = local_frame(
+        spark, [(r.index, u, p) for r in runs for u, ps in r.unit_partitions.items() for p in ps],
         "policy_idx INT, unit INT, part INT")
     per_partition = raw.join(F.broadcast(unit_parts), ["policy_idx", "unit"])
     states = per_partition.where(F.col("rtype") == STATE).select(

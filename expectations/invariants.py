@@ -10,6 +10,7 @@ from typing import Any
 
 from expectations.output_gate import NamedCheck
 from replay.invariants import durability_covered
+from storage.session import local_frame
 
 
 def checks(spark, runs: Sequence[Any], message_outcomes, partition_states, control) -> list[NamedCheck]:
@@ -21,7 +22,7 @@ def checks(spark, runs: Sequence[Any], message_outcomes, partition_states, contr
     out = []
 
     def acked_lost_where_guaranteed():
-        guaranteed = spark.createDataFrame(covered or [("", -1)], "run_id STRING, `partition` INT")
+        guaranteed = local_frame(spark, covered or [("", -1)], "run_id STRING, `partition` INT")
         return (message_outcomes.join(F.broadcast(guaranteed), ["run_id", "partition"], "left_semi")
                 .where((F.col("status") == "acked") & (F.col("fate") != "committed"))
                 .select("run_id", "partition", "msg_id", "ack_us", "fate"))

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 DELTA_SCALA = "2.13"
 #: The jar Spark downloads must match the pinned delta-spark wheel (requirements.txt).
@@ -99,8 +100,9 @@ def get_spark(
         # transformWithStateInPandas needs RocksDB (the default store cannot hold several column families).
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        # Delta's snapshot reconstruction defaults to 50 tasks; tables here are small per commit.
-        "spark.databricks.delta.snapshotPartitions": "2",
+        # Delta's snapshot reconstruction defaults to 50 tasks. A replay's tables hold tens to hundreds of files
+        # and a replay reconstructs about 30 snapshots: one task each measured ~4 s faster per replay than two.
+        "spark.databricks.delta.snapshotPartitions": "1",
         "spark.databricks.delta.optimizeWrite.enabled": "false",
         "spark.sql.warehouse.dir": os.environ.get("REPLAB_WAREHOUSE_DIR", str(Path.cwd() / "spark-warehouse")),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}",
@@ -180,3 +182,21 @@ def adaptive_off(spark) -> Iterator[None]:
         yield
     finally:
         spark.conf.set(key, before)
+
+
+def local_frame(spark, rows: Sequence[Sequence[Any]], schema: str | Any):
+    """`spark.createDataFrame(rows, schema)` for a small list built on the driver (control tables, run records),
+    handed over as one Arrow batch: a Python list goes through a Python RDD of `defaultParallelism` slices,
+    so every query reading it starts that many Python tasks (Python workers to pickle a handful of rows). The
+    Arrow path is read by the JVM, in one partition. `schema`: a DDL string or a StructType."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    struct = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
+    arrow_schema = to_arrow_schema(struct)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(struct.fields)
+    table = pa.table([pa.array(list(col), type=field.type) for col, field in zip(columns, arrow_schema,
+                                                                                 strict=True)],
+                     schema=arrow_schema)
+    return spark.createDataFrame(table, schema=struct)

@@ -74,6 +74,7 @@ from engine.replay import (
     start_tracker,
     write_summary_json,
 )
+from storage.session import local_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -187,7 +188,7 @@ def replayed_events(spark, tf, exclude: dict[str, list[int]]):
     _, events = read_events_spark(spark, tf, with_location=True)
     pairs = [(str(Path(tf.events_path) / name), int(r)) for name, rows in exclude.items() for r in rows]
     if pairs:
-        drop = spark.createDataFrame(pairs, "_file STRING, _row BIGINT")
+        drop = local_frame(spark, pairs, "_file STRING, _row BIGINT")
         events = events.join(F.broadcast(drop), ["_file", "_row"], "left_anti")
     return events.select(*[n for n, _ in EVENT_COLUMNS])
 
@@ -324,8 +325,8 @@ class StreamSink:
         from schemas.trace import KIND_LABELS
 
         spark = late.sparkSession  # foreachBatch's session: DataFrames of one query share it
-        files = spark.createDataFrame(
-            [(i, str(Path(self.tf.events_path) / n)) for i, n in enumerate(event_files(self.tf.events_path))],
+        files = local_frame(
+            spark, [(i, str(Path(self.tf.events_path) / n)) for i, n in enumerate(event_files(self.tf.events_path))],
             "file_idx INT, file STRING")
 
         def value(name: str):
@@ -335,7 +336,7 @@ class StreamSink:
         raw = F.struct(F.col("ts_us"), kind.alias("kind"), value("broker").alias("broker"),
                        value("msg_id").alias("msg_id"), F.col("key"), value("size_bytes").alias("size_bytes"),
                        value("producer_id").alias("producer_id"), value("upto_us").alias("upto_us"))
-        runs = spark.createDataFrame([(r,) for r in self.run_ids], "run_id STRING")
+        runs = local_frame(spark, [(r,) for r in self.run_ids], "run_id STRING")
         return (late.join(F.broadcast(files), "file_idx", "left").crossJoin(F.broadcast(runs))
                 .select("run_id", F.lit(self.tf.manifest.trace_id).alias("trace_id"), "file", "row",
                         F.to_json(raw, {"ignoreNullFields": "false"}).alias("raw"), F.lit(LATE_RULE).alias("rule"),
