@@ -51,6 +51,7 @@ class Row:
     jvm_peak_mb: float | None  # the driver JVM's peak RSS so far (VmHWM: never decreases within the run)
     worker_peak_mb: float | None  # the largest Python worker's peak RSS during this job (sampled)
     driver_python_peak_mb: float | None = None  # this Python process's peak RSS so far
+    error: str | None = None  # the job failed (the session with it): the run stops after this row
 
 
 def floor_job(spark, trace: Path, out: str) -> int:
@@ -133,17 +134,24 @@ def run(sizes: list[int], *, full: str = "all", log=print) -> list[Row]:
                 out = str(root / f"out-{size}-{i}")
                 n_policies = len(policies)
                 cpu0, t0 = cpu_seconds(pid), time.monotonic()
+                error = None
                 with WorkerPeak(pid) as workers:
-                    messages = job(spark, trace, out) if job is floor_job else job(spark, trace, policies, out)
+                    try:
+                        messages = job(spark, trace, out) if job is floor_job else job(spark, trace, policies, out)
+                    except Exception as exc:  # e.g. out of memory: the row says so, and the session is gone
+                        messages, error = 0, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
                 seconds, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
                 row = Row(name, n_policies, result.events, messages, round(seconds, 2), round(cpu, 2),
                           round(result.events / seconds), load_average(),
                           round(vm_hwm_mb(pid), 1) if pid else None, round(workers.peak_mb, 1),
-                          round(driver_python_peak_mb(), 1))
+                          round(driver_python_peak_mb(), 1), error)
                 rows.append(row)
                 log(f"{row.events:>11,} events  {name:34s} {row.seconds:8.2f} s  cpu {row.cpu_seconds:8.2f} s  "
-                    f"{row.messages:>11,} outcome rows  load {row.load_avg_1m}")
+                    f"{row.messages:>11,} outcome rows  load {row.load_avg_1m}  jvm {row.jvm_peak_mb} MB  "
+                    f"worker {row.worker_peak_mb} MB" + (f"  FAILED {error}" if error else ""))
                 shutil.rmtree(out, ignore_errors=True)
+                if error:
+                    return rows
             shutil.rmtree(trace, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -170,7 +178,7 @@ def ratios(rows: list[Row]) -> list[str]:
         for job in dict.fromkeys(r.job for r in rows):
             a = next((r for r in rows if r.events == small and r.job == job), None)
             b = next((r for r in rows if r.events == large and r.job == job), None)
-            if a and b:
+            if a and b and not (a.error or b.error):
                 out.append(f"{job}: time at {large:,} / time at {small:,} events = {b.seconds / a.seconds:.2f}× "
                            f"wall, {b.cpu_seconds / a.cpu_seconds:.2f}× CPU for {large / small:.2f}× the events "
                            "(target ≤ 11× for 10×)")
@@ -184,7 +192,7 @@ def markdown(rows: list[Row]) -> str:
     for r in rows:
         lines.append(f"| {r.events:,} | {r.job} | {r.policies} | {r.seconds:.1f} | {r.cpu_seconds:.1f} | "
                      f"{r.events_per_s:,.0f} | {r.messages:,} | {r.load_avg_1m:.1f} | {r.jvm_peak_mb} | "
-                     f"{r.worker_peak_mb} | {r.driver_python_peak_mb} |")
+                     f"{r.worker_peak_mb} | {r.driver_python_peak_mb} |" + (f" FAILED: {r.error}" if r.error else ""))
     return "\n".join(lines + [""] + [f"- {line}" for line in ratios(rows)])
 
 

@@ -2,8 +2,9 @@
 
 `make test` runs the fast suite on two pytest-xdist workers (`--dist loadfile`): each worker has its own
 SparkSession, and a test file is one unit of work, so its module-scoped fixtures are built once. A session-scoped
-fixture is built once per worker that needs it. (`--dist loadgroup` could join files into one unit, but
-pytest-xdist 3.8 marks its groups on `Item._nodeid`, which pytest 9 no longer reads.)
+fixture is built once per worker that needs it, so files that share one (SHARED_FIXTURE_FILES) are scheduled as
+one unit by `pytest_xdist_make_scheduler` below. (`--dist loadgroup` would do that with marks, but pytest-xdist 3.8
+marks its groups on `Item._nodeid`, which pytest 9 no longer reads.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,28 @@ os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 # Two xdist workers' sessions and the JVMs their tests start (CLIs, spark-submit) share the machine's memory; the
 # tests' data is small, and a 4 GB heap per JVM let the kernel's OOM killer in on a 24 GB machine under load.
 os.environ.setdefault("REPLAB_DRIVER_MEMORY", "3g")
+
+
+#: Test files that read one session-scoped fixture, scheduled on one xdist worker so it is built once:
+#: `k2_mlflow_replay` (tests/pipelines/conftest.py) is a full replay with MLflow, about a minute on 2 busy cores.
+SHARED_FIXTURE_FILES: dict[str, str] = {
+    path: "k2_mlflow_replay" for path in ("tests/pipelines/test_tracking.py", "tests/pipelines/test_compare.py",
+                                          "tests/pipelines/test_browser.py")
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that the files of SHARED_FIXTURE_FILES form one unit of work."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_FIXTURE_FILES.get(path, path)
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
