@@ -162,7 +162,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
                .sortWithinPartitions("cls", "unit", "ts_us", "kind_code", "msg_id", "broker"))
     # On disk, not in memory: the kernels' output (a row per message per policy) outgrows the heap at 10 M events
     # and 7 policies (MEMORY_AND_DISK ran out of a 4 GB heap there); read back from the page cache, the four
-    # frames derived from it were as fast at 1 M events and the driver's peak RSS 1 GB lower.
+    # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower.
     raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
 
     messages, states, intervals, totals = frames_from_raw(spark, runs, raw)

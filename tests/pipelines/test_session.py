@@ -29,3 +29,25 @@ def test_every_table_schema_parses(spark):
         schema = spec.spark_schema()
         assert schema.fieldNames()[0] in ("run_id", "window_start_us", "validation_id", "sweep_id"), spec.name
         assert all(p in schema.fieldNames() for p in spec.partition_by)
+
+
+@pytest.mark.parametrize("rows", [[(0, 2, 5), (1, None, 7), (1, 3, None)], []], ids=["rows", "empty"])
+def test_local_frame_equals_create_data_frame_and_runs_no_python(spark, rows):
+    """`local_frame` is `createDataFrame` with the same rows and schema, read by the JVM: its plan scans a local
+    table, where `createDataFrame` of a list scans a Python RDD (a Python task per slice in every query)."""
+    from storage.session import local_frame
+
+    ddl = "cls INT, unit INT, broker BIGINT"
+    mine, theirs = local_frame(spark, rows, ddl), spark.createDataFrame(rows, ddl)
+    assert mine.schema == theirs.schema
+    def content(df) -> list[tuple]:
+        return sorted((tuple(r) for r in df.collect()), key=repr)
+
+    assert content(mine) == content(theirs) == sorted(rows, key=repr)
+
+    def plan(df) -> str:
+        return df._jdf.queryExecution().executedPlan().toString()
+
+    assert "ExistingRDD" not in plan(mine) and "LocalTableScan" in plan(mine)
+    if rows:
+        assert "ExistingRDD" in plan(theirs)
