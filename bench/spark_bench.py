@@ -205,7 +205,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
     rows = run([int(float(s)) for s in args.sizes.split(",")], full="none" if args.skip_full else args.full)
-    return emit(rows, markdown(rows), args.json)
+    emit(rows, markdown(rows), args.json)
+    return 1 if any(r.error for r in rows) else 0  # a failed job is a failed benchmark (bench.run says so)
 
 
 if __name__ == "__main__":
