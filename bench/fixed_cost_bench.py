@@ -25,7 +25,6 @@ Spark job. The ratio replay / bare is issue 15's target (<= 2 with the new lakeh
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -37,21 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procs import emit, load_average
+from bench.spark_profile import REPLAY_STEPS, command_env, jobs_markdown, run_profiled, steps_markdown
 
-REPO = Path(__file__).resolve().parent.parent
-
-#: Progress lines of `replab replay` (their first words) -> the step they start. Order matters for the breakdown.
-STEPS: tuple[tuple[str, str], ...] = (
-    ("Spark session", "spark_start"),
-    ("trace gate", "trace_gate"),
-    ("MLflow runs", "mlflow_runs"),
-    ("replay ", "replay"),
-    ("windows", "windows"),
-    ("output gate", "output_gate"),
-    ("Delta tables", "delta_writes"),
-    ("MLflow", "mlflow_logging"),
-    ("lakehouse:", "exit"),  # the comparison is printed; then the summary lines and the Spark stop
-)
+STEPS = REPLAY_STEPS
 
 BARE = """
 import time
@@ -92,21 +79,6 @@ def write_tiny_trace(folder: Path) -> Path:
     return folder
 
 
-def _env(event_log: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if event_log is not None:
-        event_log.mkdir(parents=True, exist_ok=True)
-        env["PYSPARK_SUBMIT_ARGS"] = (f"--conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false "
-                                      f"--conf spark.eventLog.dir={event_log} "
-                                      "pyspark-shell")
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    env.setdefault("GX_ANALYTICS_ENABLED", "false")
-    env.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env["COLUMNS"] = "200"  # one progress line per step
-    return env
-
-
 def _load() -> tuple[float, float]:
     one, five, _ = os.getloadavg()
     return round(one, 2), round(five, 2)
@@ -114,7 +86,7 @@ def _load() -> tuple[float, float]:
 
 def bare(workdir: Path, log=print) -> FixedCostRow:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", BARE], cwd=workdir, env=_env(), text=True, capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", BARE], cwd=workdir, env=command_env(), text=True, capture_output=True)
     seconds = time.monotonic() - started
     if proc.returncode:
         raise RuntimeError(f"bare session failed: {proc.stderr[-2000:]}")
@@ -130,81 +102,19 @@ def bare(workdir: Path, log=print) -> FixedCostRow:
 
 def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri: str, log=print,
            profiles: dict[str, str] | None = None) -> FixedCostRow:
-    """One replay; `profiles[what]` gets its Spark jobs, one Markdown row each (step, time, stages, query)."""
+    """One replay; `profiles[what]` gets its steps and Spark jobs (step, time, stages, query) as Markdown."""
     cmd = [sys.executable, "-m", "pipelines", "replay", "--trace", str(trace), "--policy", "kafka-acks1",
            "--lakehouse", str(lakehouse), "--tracking-uri", tracking_uri,
            "--summary-json", str(workdir / f"{what}.json")]
-    marks: list[tuple[str, float]] = [("spark_start", time.monotonic())]
-    offset = time.time() - time.monotonic()  # event-log times are epoch milliseconds
-    events = workdir / f"eventlog-{what}"
-    proc = subprocess.Popen(cmd, cwd=workdir, env=_env(events), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, bufsize=1)
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        now = time.monotonic()
-        lines.append(line)
-        text = line.strip().lstrip("[0123456789:] ").strip()
-        for prefix, name in STEPS:
-            if text.startswith(prefix) and name != "spark_start":
-                marks.append((name, now))
-                break
-    stderr = proc.stderr.read() if proc.stderr else ""
-    code = proc.wait()
-    end = time.monotonic()
-    if code:
-        raise RuntimeError(f"{' '.join(cmd)} exited {code}: {stderr[-3000:]}\n{''.join(lines)[-2000:]}")
-    marks.append(("end", end))
-    steps: dict[str, float] = {}
-    for (name, t), (_, t_next) in itertools.pairwise(marks):
-        steps[name] = round(steps.get(name, 0.0) + t_next - t, 2)
-    jobs: dict[str, int] = {}
-    profile = [f"### {what}", "", "| step | job | at s | seconds | stages | SQL query | what |",
-               "|---|---:|---:|---:|---:|---:|---|"]
-    for job in spark_jobs(events):
-        name = next((n for n, t in reversed(marks) if t + offset <= job.start), marks[0][0])
-        jobs[name] = jobs.get(name, 0) + 1
-        profile.append(f"| {name} | {job.job_id} | {job.start - offset - marks[0][1]:.1f} | "
-                       f"{job.end - job.start:.2f} | {job.stages} | {job.sql} | {job.what} |")
+    run = run_profiled(cmd, cwd=workdir, event_log=workdir / f"eventlog-{what}")
+    steps, jobs = run.step_seconds(), run.step_jobs()
     one, five = _load()
-    row = FixedCostRow(what, round(end - marks[0][1], 2), steps, jobs, load_avg_1m=one, load_avg_5m=five)
+    row = FixedCostRow(what, run.seconds, steps, jobs, load_avg_1m=one, load_avg_5m=five)
     if profiles is not None:
-        profiles[what] = "\n".join(profile)
+        profiles[what] = f"### {what}\n\n{steps_markdown(run)}\n\n{jobs_markdown(run)}"
     log(f"{what}: {row.seconds:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
         f"  load {one} {five}; {sum(jobs.values())} Spark jobs: {jobs}")
     return row
-
-
-@dataclass
-class SparkJob:
-    job_id: int
-    start: float  # epoch seconds
-    end: float
-    stages: int
-    sql: str  # the SQL execution the job belongs to (AQE runs each query stage of one query as its own job)
-    what: str  # Spark's description (Delta names its internal queries) or the call site
-
-
-def spark_jobs(event_log: Path) -> list[SparkJob]:
-    """Every Spark job of the run's event log, in submission order."""
-    jobs: dict[int, SparkJob] = {}
-    for path in event_log.rglob("*"):
-        if not path.is_file():
-            continue
-        for line in path.read_text(errors="replace").splitlines():
-            if '"SparkListenerJobStart"' in line:
-                e = json.loads(line)
-                props = e.get("Properties") or {}
-                what = (props.get("spark.job.description") or props.get("callSite.short") or "?")
-                what = what.replace("|", "/").replace("<br/>", " ").replace(str(REPO) + "/", "")[:90]
-                start = e["Submission Time"] / 1000
-                jobs[e["Job ID"]] = SparkJob(e["Job ID"], start, start, len(e.get("Stage Infos", [])),
-                                             props.get("spark.sql.execution.id", ""), what)
-            elif '"SparkListenerJobEnd"' in line:
-                e = json.loads(line)
-                if e["Job ID"] in jobs:
-                    jobs[e["Job ID"]].end = e["Completion Time"] / 1000
-    return sorted(jobs.values(), key=lambda j: (j.start, j.job_id))
 
 
 def run(repeat: int = 1, *, workdir: str | None = None, log=print,
