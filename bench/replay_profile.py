@@ -6,7 +6,7 @@ progress lines, Spark's event log and /proc (bench/spark_profile.py).
     python -m bench.replay_profile --scenario steady-state --events 1e7 --policy kafka-durable --no-mlflow
 
 The trace is generated first by `replab generate` in a process of its own, so the profiled process starts cold
-as a user's would. Written to bench/results/replay-profile-<scenario>-<events>.md (or --out): the steps (wall
+as a user's would. Written to bench/results/replay-profile-<scenario>-<events, e.g. 10M>.md (or --out): the steps (wall
 time, Spark jobs, the share of wall time with some Spark job running, task time against the two task slots, GC,
 spill, CPU seconds, the machine's busy and I/O-wait shares) and the longest Spark jobs.
 """
@@ -122,7 +122,8 @@ def main(argv=None) -> int:
             f"tail (windows and summary, output gate, Delta tables) / replay core **{ratios['tail_to_core']:.2f}**")
     text = (f"{head}\n\n## Steps\n\n{steps_markdown(run)}\n\n## The {args.top} longest Spark jobs\n\n"
             f"{jobs_markdown(run, top=args.top)}\n")
-    out = Path(args.out) if args.out else RESULTS / f"replay-profile-{args.scenario}-{events}.md"
+    size = f"{round(events / 1e6)}M" if events >= 1e6 else f"{round(events / 1e3)}k"
+    out = Path(args.out) if args.out else RESULTS / f"replay-profile-{args.scenario}-{size}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)

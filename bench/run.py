@@ -35,6 +35,16 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
                                                                "--cluster-seeds", "6"]),
     # Issue 15: `replab replay` of a 3-message trace (new and existing lakehouse) against a bare Spark session.
     "fixed-cost": ("bench.fixed_cost_bench", ["--repeat", "2"], []),
+    # Issue 15's trace gate and tail against the replay core, step by step from the Spark event log: the demo's
+    # replay (16 presets, MLflow on), 1 M events x 16 presets, and one policy at 10 M events.
+    "profile-demo": ("bench.replay_profile", [], ["--scale", "0.05"]),
+    "profile-1m": ("bench.replay_profile", ["--scenario", "steady-state", "--seed", "1", "--events", "1e6",
+                                            "--no-mlflow"],
+                   ["--scenario", "steady-state", "--seed", "1", "--events", "1e5", "--no-mlflow"]),
+    "profile-10m": ("bench.replay_profile", ["--scenario", "steady-state", "--seed", "1", "--events", "1e7",
+                                             "--policy", "kafka-durable", "--no-mlflow"],
+                    ["--scenario", "steady-state", "--seed", "1", "--events", "1e5", "--policy", "kafka-durable",
+                     "--no-mlflow"]),
     "dledger-vs-kafka": ("report.dledger_vs_kafka", [], []),
 }
 

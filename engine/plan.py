@@ -3,7 +3,7 @@ classes), the request and the report, and the run records and infos the outputs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +11,10 @@ if TYPE_CHECKING:
     from replay.families import Layout
     from replay.policies import Policy
 
-#: Draws one policy run's plots for its MLflow run: (run, lakehouse, window series, latency quantiles,
-#: window_us, duration_us) -> {artifact name: matplotlib figure}; `report.figures.run_figures` is the one in use.
-RunFigures = Callable[..., dict[str, Any]]
+#: Draws the policy runs' plots for their MLflow runs: (runs, lakehouse, window series, latency quantiles,
+#: window_us, duration_us) -> (run_id, {artifact name: matplotlib figure}) for each run, one run at a time;
+#: `report.figures.run_figures` is the one in use.
+RunFigures = Callable[..., Iterable[tuple[str, dict[str, Any]]]]
 
 
 @dataclass

@@ -406,7 +406,7 @@ class ReplayTracker:
             log_in_chunks(self.client, mlflow_id, metrics=metrics, tags=tags)
             self.client.log_dict(mlflow_id, summary, "summary.json")
             self._log_gate_reports(mlflow_id, gate_reports, validations.get(run.run_id, []))
-            self._log_plots(mlflow_id, run, lakehouse, series, quantiles, window_us, duration_us)
+        self._log_plots(lakehouse, series, quantiles, window_us, duration_us)
 
     def _log_gate_reports(self, mlflow_id: str, given: list[Path], recorded: list[tuple[str, str]]) -> None:
         """The trace gate's reports (given) and the output gate's (its `validations` row), HTML and JSON."""
@@ -421,13 +421,13 @@ class ReplayTracker:
             if path.is_file():
                 self.client.log_artifact(mlflow_id, str(path), folder)
 
-    def _log_plots(self, mlflow_id: str, run, lakehouse, series, quantiles, window_us: int,
-                   duration_us: int) -> None:
+    def _log_plots(self, lakehouse, series, quantiles, window_us: int, duration_us: int) -> None:
         # The figures come from the caller (`report.figures.run_figures`): drawing is the report floor's job.
         if self.figures is None:
             return
-        for artifact, fig in self.figures(run, lakehouse, series, quantiles, window_us, duration_us).items():
-            self.client.log_figure(mlflow_id, fig, artifact)
+        for run_id, figures in self.figures(self.runs, lakehouse, series, quantiles, window_us, duration_us):
+            for artifact, fig in figures.items():
+                self.client.log_figure(self.run_ids[run_id], fig, artifact)
 
 
 def _metric(key: str, value: float, timestamp_ms: int, step: int = 0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from report import plots
@@ -14,21 +15,25 @@ if TYPE_CHECKING:
     from storage.lakehouse import Lakehouse
 
 
-def run_figures(run: PolicyRun, lakehouse: Lakehouse, series: pd.DataFrame, quantiles: pd.DataFrame,
-                window_us: int, duration_us: int) -> dict[str, Any]:
-    """Latency CDF, loss timeline and the busiest partitions' timeline of one run, by artifact name."""
-    label = run.canonical
-    q = quantiles[quantiles["run_id"] == run.run_id].assign(policy=label)
-    s = series[series["run_id"] == run.run_id]
-    timeline = s.assign(policy=label, t_s=s["window_start_us"] / 1e6, unavailable_s=s["unavailable_us"] / 1e6)
-    partitions = report_data.busiest_partitions(lakehouse, run.run_id)
-    history = report_data.partition_history(lakehouse, run.run_id, partitions, duration_us)
-    return {
-        "plots/latency_cdf.png": plots.latency_cdf(q, [label], title=f"Ack latency CDF: {label}"),
-        "plots/loss_timeline.png": plots.loss_timeline(
-            timeline, [label], window_s=window_us / 1e6,
-            title=f"Acked-and-lost messages and unavailability per window: {label}"),
-        "plots/partition_timeline.png": plots.partition_timeline(
-            history, duration_s=duration_us / 1e6,
-            title=f"Leader, ISR and high watermark of the busiest partitions: {label}"),
-    }
+def run_figures(runs: Sequence[PolicyRun], lakehouse: Lakehouse, series: pd.DataFrame, quantiles: pd.DataFrame,
+                window_us: int, duration_us: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(run_id, {artifact name: figure}) of each run: latency CDF, loss timeline and the busiest partitions'
+    timeline. The timelines of every run come from two Spark queries (two per run took ~6 Spark jobs each:
+    most of the demo's MLflow logging)."""
+    busiest = report_data.busiest_partitions_of(lakehouse, [r.run_id for r in runs])
+    histories = report_data.partition_histories(lakehouse, busiest, duration_us)
+    for run in runs:
+        label = run.canonical
+        q = quantiles[quantiles["run_id"] == run.run_id].assign(policy=label)
+        s = series[series["run_id"] == run.run_id]
+        timeline = s.assign(policy=label, t_s=s["window_start_us"] / 1e6, unavailable_s=s["unavailable_us"] / 1e6)
+        history = histories[histories["run_id"] == run.run_id][report_data.HISTORY_COLUMNS].reset_index(drop=True)
+        yield run.run_id, {
+            "plots/latency_cdf.png": plots.latency_cdf(q, [label], title=f"Ack latency CDF: {label}"),
+            "plots/loss_timeline.png": plots.loss_timeline(
+                timeline, [label], window_s=window_us / 1e6,
+                title=f"Acked-and-lost messages and unavailability per window: {label}"),
+            "plots/partition_timeline.png": plots.partition_timeline(
+                history, duration_s=duration_us / 1e6,
+                title=f"Leader, ISR and high watermark of the busiest partitions: {label}"),
+        }

@@ -247,7 +247,7 @@ class Lakehouse:
         `df` must only hold rows of those keys (Delta checks it: replaceWhere's constraint check).
         """
         predicate = in_predicate(key_column, key_values)
-        data = _few_files(self.conform(table, df))
+        data = _few_files(self.conform(table, df), self.spec(table).partition_by)
         path = self.path(table)
 
         def write() -> None:
@@ -387,16 +387,22 @@ def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
 ONE_TASK_BYTES = 32 << 20
 
 
-def _few_files(df):
-    """`df` in one partition when Spark's plan statistics put it under ONE_TASK_BYTES: exact for a persisted
-    frame already computed (the output gate computes the tables it checks before they are written); a frame of
-    unknown size keeps its partitions (rows made on the driver are coalesced where they are made). No Spark
-    job."""
+def _few_files(df, partition_by: Sequence[str] = ()):
+    """`df` with one file per table partition when written: in one Spark partition when Spark's plan statistics
+    put it under ONE_TASK_BYTES (exact for a persisted frame already computed: the output gate computes the
+    tables it checks before they are written), else, for a partitioned table, hashed by the table's partition
+    columns, so that each table partition is written by one task. Written by every task holding some of its rows,
+    a run's partition of `message_outcomes` got one file per task and auto compaction rewrote it right after the
+    write: one job and one commit per run (16 in the demo; 20 s for one run at 10 M events,
+    bench/results/replay-profile-steady-state-10M-before-one-file.md). A frame of unknown size keeps its partitions
+    (rows made on the driver are coalesced where they are made). No Spark job."""
     try:
         size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
     except Exception:  # not a classic session (Spark Connect): keep the frame as it is
         return df
-    return df.coalesce(1) if size < ONE_TASK_BYTES else df
+    if size < ONE_TASK_BYTES:
+        return df.coalesce(1)
+    return df.repartition(*partition_by) if partition_by else df
 
 
 class RunsTransaction:

@@ -7,7 +7,7 @@ run, a few thousand timeline points. Nothing per message reaches the driver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -84,13 +84,29 @@ def latency_quantiles(lakehouse, run_ids: Sequence[str],
 
 def busiest_partitions(lakehouse, run_id: str, limit: int = 4) -> list[int]:
     """The partitions whose leadership changed most (ties: lowest id): the ones worth drawing."""
+    return busiest_partitions_of(lakehouse, [run_id], limit).get(run_id, [])
+
+
+def busiest_partitions_of(lakehouse, run_ids: Sequence[str], limit: int = 4) -> dict[str, list[int]]:
+    """`busiest_partitions` of several runs in one query (run_id -> partitions; a run without rows is absent)."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = (lakehouse.read("partition_states").where(F.col("run_id") == run_id)
-            .groupBy("partition").agg(F.countDistinct("leader_epoch").alias("epochs"),
-                                      F.count(F.lit(1)).alias("rows"))
-            .orderBy(F.desc("epochs"), F.desc("rows"), "partition").limit(limit).collect())
-    return [int(r["partition"]) for r in rows]
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    rank = F.row_number().over(Window.partitionBy("run_id").orderBy(F.desc("epochs"), F.desc("rows"), "partition"))
+    rows = (lakehouse.read("partition_states").where(F.col("run_id").isin(ids))
+            .groupBy("run_id", "partition").agg(F.countDistinct("leader_epoch").alias("epochs"),
+                                                F.count(F.lit(1)).alias("rows"))
+            .withColumn("_rank", rank).where(F.col("_rank") <= limit).collect())
+    out: dict[str, list[int]] = {}
+    for r in sorted(rows, key=lambda r: (r["run_id"], r["_rank"])):
+        out.setdefault(r["run_id"], []).append(int(r["partition"]))
+    return out
+
+
+HISTORY_COLUMNS = ["partition", "ts_us", "leader", "isr_size", "high_watermark"]
 
 
 def partition_history(lakehouse, run_id: str, partitions: Sequence[int], duration_us: int,
@@ -101,21 +117,31 @@ def partition_history(lakehouse, run_id: str, partitions: Sequence[int], duratio
     it is thinned to the last state of each of `max_points` time bins, which is what a step plot of that
     width can show anyway.
     """
+    rows = partition_histories(lakehouse, {run_id: partitions}, duration_us, max_points)
+    return rows[HISTORY_COLUMNS].reset_index(drop=True)
+
+
+def partition_histories(lakehouse, partitions: Mapping[str, Sequence[int]], duration_us: int,
+                        max_points: int = 2000) -> pd.DataFrame:
+    """`partition_history` of several runs (run_id -> partitions) in one query, with a `run_id` column."""
     from pyspark.sql import functions as F
 
-    parts = [int(p) for p in partitions]
-    columns = ["partition", "ts_us", "leader", "isr_size", "high_watermark"]
-    if not parts:
+    columns = ["run_id", *HISTORY_COLUMNS]
+    wanted = F.lit(False)
+    for run_id, parts in partitions.items():
+        if parts:
+            wanted = wanted | ((F.col("run_id") == run_id) & F.col("partition").isin([int(p) for p in parts]))
+    if not any(partitions.values()):
         return pd.DataFrame(columns=columns)
     bin_us = max(1, int(duration_us) // max_points)
     state = F.struct("ts_us", "leader_epoch", "high_watermark", "leader", F.size("isr").alias("isr_size"))
     rows = (lakehouse.read("partition_states")
-            .where((F.col("run_id") == run_id) & F.col("partition").isin(parts))
-            .groupBy("partition", F.floor(F.col("ts_us") / bin_us).alias("_bin"))
+            .where(F.col("run_id").isin(list(partitions)) & wanted)
+            .groupBy("run_id", "partition", F.floor(F.col("ts_us") / bin_us).alias("_bin"))
             .agg(F.max(state).alias("s"))
-            .select("partition", "s.ts_us", "s.leader", "s.isr_size", "s.high_watermark")
+            .select("run_id", "partition", "s.ts_us", "s.leader", "s.isr_size", "s.high_watermark")
             .toPandas())
-    return rows[columns].sort_values(["partition", "ts_us"]).reset_index(drop=True)
+    return rows[columns].sort_values(["run_id", "partition", "ts_us"]).reset_index(drop=True)
 
 
 def report_paths(lakehouse, trace_id: str, run_ids: Sequence[str]) -> dict[str, list[tuple[str, str]]]:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.spark_profile import union_seconds, spark_jobs
+from bench.spark_profile import spark_jobs, union_seconds
 
 
 def _line(event: str, **fields) -> str:

@@ -181,6 +181,38 @@ def test_runs_table_links_to_mlflow(k2_mlflow_replay, spark):
     assert {r["status"] for r in rows} == {"succeeded"}
 
 
+def test_every_runs_partition_timeline_comes_from_one_query(k2_mlflow_replay, spark):
+    """The plots' partition timelines (report.figures.run_figures) of all runs at once equal each run's
+    partition_states, thinned to the last state per time bin (computed here in pandas)."""
+    from storage import report_data
+    from storage.lakehouse import Lakehouse
+
+    replay = k2_mlflow_replay
+    lh = Lakehouse(replay.lakehouse, spark, create=False)
+    ids = [r.run_id for r in replay.report.runs]
+    busiest = report_data.busiest_partitions_of(lh, ids)
+    assert busiest == {rid: [0] for rid in ids}  # k2 has one partition
+    assert report_data.busiest_partitions(lh, ids[0]) == [0]
+    duration_us = json.loads((replay.trace / "manifest.json").read_text())["duration_us"]
+    got = report_data.partition_histories(lh, busiest, duration_us, max_points=50)
+    states = lh.read("partition_states").toPandas()
+    states["isr_size"] = states["isr"].map(len)
+    states["_bin"] = states["ts_us"] // max(1, duration_us // 50)
+    last = (states.sort_values(["ts_us", "leader_epoch", "high_watermark", "leader", "isr_size"])
+            .groupby(["run_id", "partition", "_bin"]).tail(1))
+    columns = ["run_id", *report_data.HISTORY_COLUMNS]
+    want = last[columns].sort_values(["run_id", "partition", "ts_us"]).reset_index(drop=True)
+    assert set(got["run_id"]) == set(ids)
+    assert len(got) > len(ids)  # leadership moves in k2: more than one state per run
+
+    def records(frame):  # a leaderless state's NaN would not equal itself
+        return frame.astype({"leader": "float64"}).fillna(-1).to_dict("records")
+
+    assert records(got) == records(want)
+    one = report_data.partition_history(lh, ids[0], [0], duration_us, max_points=50)
+    assert records(one) == records(got[got["run_id"] == ids[0]][report_data.HISTORY_COLUMNS])
+
+
 # ------------------------------------------------------------------------------------------------ pure parts
 def test_scenario_params_are_flattened_under_scenario():
     generator = {"scenario": "rolling-restart", "seed": 7, "scale": 0.5,
