@@ -138,6 +138,24 @@ def test_replace_run_touches_only_that_run(spark, tmp_path, reference_root):
     assert lh.read("partition_states").where("run_id = 'a'").count() == new_a.count()
 
 
+def test_a_big_frame_is_written_one_file_per_run_partition(spark, tmp_path, monkeypatch):
+    """A frame over ONE_TASK_BYTES is hashed by the table's partition column before the write: one file per run,
+    so Delta's auto compaction has nothing to rewrite (it rewrote every run after the write when each task
+    wrote its own file of every run)."""
+    from storage import lakehouse as lakehouse_module
+
+    monkeypatch.setattr(lakehouse_module, "ONE_TASK_BYTES", 0)  # every frame counts as big
+    lh = Lakehouse(tmp_path / "lh", spark)
+    rows = [make_run(run_id, seed).outcomes for run_id, seed in (("a", 1), ("b", 2))]
+    df = spark.createDataFrame(pa.concat_tables(rows)).repartition(4)
+    lh.replace_rows("message_outcomes", "run_id", ["a", "b"], df)
+    files = DeltaTable(lh.path("message_outcomes")).file_uris()
+    assert sorted(Path(f).parent.name for f in files) == ["run_id=a", "run_id=b"]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{lh.path('message_outcomes')}`").collect()
+    assert "OPTIMIZE" not in {h.operation for h in history}
+    assert lh.read("message_outcomes").count() == sum(len(r) for r in rows)
+
+
 def test_rows_of_another_run_are_refused(spark, tmp_path):
     lh = Lakehouse(tmp_path / "lh", spark, create=False)
     with pytest.raises(Exception, match=r"(?i)replaceWhere|DELTA_REPLACE_WHERE"):
