@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import worker_imports
+from engine.metrics import UNROUTED_PARTITION, WINDOW_COUNTS, WINDOW_TIMES, message_windows
 from replay.events import PartitionEvents
 from replay.families import Layout, RouteInput, family_of
 from replay.policies import Policy
@@ -26,8 +27,9 @@ from schemas.trace import Kind
 # Executor code is imported first in a Python worker: from here on its tasks start without re-reading zips.
 worker_imports.install()
 
-# Row types of the replay output
-MESSAGE, STATE, UNAVAILABLE, UNIT = 0, 1, 2, 3
+# Row types of the replay output (WINDOW: a run's message figures per partition and window, engine.metrics)
+MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW = 0, 1, 2, 3, 4
+FINAL_ROW_TYPES = (MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW)  # what a unit's finish emits
 
 GROUPED_COLUMNS = ("cls", "unit", "ts_us", "kind_code", "broker", "upto_us", "msg_id", "size_bytes", "key",
                    "producer_id", "partition", "delay_us")
@@ -40,12 +42,14 @@ OUTPUT_SCHEMA = pa.schema([
     ("ts_us", pa.int64()), ("leader", pa.int32()), ("leader_epoch", pa.int32()), ("isr", pa.list_(pa.int32())),
     ("log_end_offset", pa.int64()), ("high_watermark", pa.int64()),
     ("start_us", pa.int64()), ("end_us", pa.int64()), ("replication_bytes", pa.int64()),
+    ("window_start_us", pa.int64()), *[(c, pa.int64()) for c in WINDOW_COUNTS + WINDOW_TIMES],
 ])
 OUTPUT_DDL = (
     "policy_idx INT, rtype TINYINT, unit INT, msg_id BIGINT, key STRING, producer_id INT, `partition` INT, "
     "produce_us BIGINT, status TINYINT, error TINYINT, ack_us BIGINT, visible_us BIGINT, fate TINYINT, "
     "readable_at_end BOOLEAN, `offset` BIGINT, ts_us BIGINT, leader INT, leader_epoch INT, isr ARRAY<INT>, "
-    "log_end_offset BIGINT, high_watermark BIGINT, start_us BIGINT, end_us BIGINT, replication_bytes BIGINT"
+    "log_end_offset BIGINT, high_watermark BIGINT, start_us BIGINT, end_us BIGINT, replication_bytes BIGINT, "
+    "window_start_us BIGINT, " + ", ".join(f"{c} BIGINT" for c in WINDOW_COUNTS + WINDOW_TIMES)
 )
 ROUTED_DDL = ("cls INT, unit INT, ts_us BIGINT, kind_code TINYINT, broker INT, upto_us BIGINT, msg_id BIGINT, "
               "size_bytes INT, key STRING, producer_id INT, `partition` INT, delay_us BIGINT")
@@ -169,6 +173,7 @@ class UnitReplay:
             k.advance(tail, duration + 1)
             result = k.finish()
             yield from _message_batches(idx, self.unit, result.messages, self.keys)
+            yield _window_batch(idx, self.unit, result.messages, self.plan.window_us)
             yield _state_batch(idx, self.unit, result.states)
             yield _interval_batch(idx, self.unit, result.unavailable)
             yield _unit_batch(idx, self.unit, result.replication_bytes)
@@ -245,6 +250,30 @@ def _message_batches(idx: int, unit: int, judged, keys: list[str], rows_per_batc
             "readable_at_end": pa.array(judged.readable_at_end[s]),
             "offset": _opt(judged.offset[s], np.int64),
         })
+
+
+def _window_batch(idx: int, unit: int, judged, window_us: int) -> pa.RecordBatch:
+    """The unit's message figures per partition and window (`engine.metrics.message_windows`). A partition is
+    replayed by one unit, so its windows are whole here; only unrouted messages (no partition) of one run may be
+    spread over units, and they are never acknowledged nor visible: their windows add up (frames_from_raw)."""
+    rec = judged.records
+    part = (rec.payload or {}).get("part", np.full(len(rec), NULL_US))
+    part = np.where(part == NULL_US, UNROUTED_PARTITION, part)
+    unrouted = part == UNROUTED_PARTITION
+    if np.any(unrouted & ((rec.ack_us != NULL_US) | (rec.visible_us != NULL_US))):
+        raise AssertionError(f"unit {unit}: an unrouted message was acknowledged or visible")
+    w = message_windows(part, rec.produce_us, rec.status, judged.fate, judged.readable_at_end, rec.ack_us,
+                        rec.visible_us, window_us)
+    n = len(w["partition"])
+    return _batch(n, {
+        "policy_idx": pa.array(np.full(n, idx, dtype=np.int32)),
+        "rtype": pa.array(np.full(n, WINDOW, dtype=np.int8)),
+        "unit": pa.array(np.full(n, unit, dtype=np.int32)),
+        "partition": pa.array(w["partition"].astype(np.int32)),
+        "window_start_us": pa.array(w["window_start_us"]),
+        **{c: pa.array(w[c]) for c in WINDOW_COUNTS},
+        **{c: _opt(w[c], np.int64) for c in WINDOW_TIMES},
+    })
 
 
 def _state_batch(idx: int, unit: int, rows) -> pa.RecordBatch:

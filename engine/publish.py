@@ -4,7 +4,7 @@
 the message outcomes, the partition timelines and the unavailability intervals:
 
 1. derive committed_offsets, loss_metrics, watermarks and run_summary (engine.metrics) and persist every
-   run table (the gate and the writes read them);
+   run table (the gate and the writes read them; uncompressed: `storage.session.uncompressed_cache`);
 2. mark the runs `running`, run the output gate on the DataFrames (validate before write), write every run
    table (one Delta commit per table for all runs), mark the runs `succeeded` (Lakehouse.publish_runs).
 
@@ -21,6 +21,7 @@ from engine import metrics
 from engine.metrics import RunInfo
 from expectations.output_gate import NamedCheck, RunOutputs, run_output_gate
 from storage.lakehouse import Lakehouse, RunRecord
+from storage.session import uncompressed_cache
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -39,6 +40,9 @@ class ReplayResults:
     events: DataFrame
     #: Stream mode: the run's own `watermarks` rows, one per micro-batch; None derives batch mode's one row.
     watermarks: DataFrame | None = None
+    #: The message figures per run, partition and window as the replay tasks derived them
+    #: (`engine.replay.RawFrames.windows`); None aggregates message_outcomes instead.
+    windows: DataFrame | None = None
 
 
 def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:
@@ -50,10 +54,11 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
         "unavailability": results.unavailability,
     }
     tables = {name: df.persist() for name, df in tables.items()}
+    windows = results.windows.persist() if results.windows is not None else None
     tables["committed_offsets"] = metrics.committed_offsets(tables["partition_states"], tables["message_outcomes"],
-                                                            info, window_ms).persist()
+                                                            info, window_ms, windows=windows).persist()
     tables["loss_metrics"] = metrics.loss_metrics(tables["message_outcomes"], tables["unavailability"], info,
-                                                  window_ms).persist()
+                                                  window_ms, windows=windows).persist()
     watermarks = results.watermarks if results.watermarks is not None else metrics.watermarks(results.events, info)
     tables["watermarks"] = watermarks.persist()
     tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"],
@@ -66,6 +71,13 @@ def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: st
             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Gate and write one replay invocation; returns the run_summary rows (dicts, in `records` order).
     `progress` hears "output gate" and "Delta tables" as they start."""
+    with uncompressed_cache(spark):
+        return _publish(spark, lakehouse, results, trace_id=trace_id, window_ms=window_ms,
+                        extra_checks=extra_checks, progress=progress)
+
+
+def _publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: str, window_ms: int,
+             extra_checks: Sequence[NamedCheck], progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     tables = derive_tables(spark, results, window_ms)
@@ -85,6 +97,6 @@ def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: st
         lakehouse.publish_runs(results.records, tables, gate=gate)
         summaries = {r.run_id: r.asDict() for r in tables["run_summary"].collect()}
     finally:
-        for df in tables.values():
+        for df in [*tables.values(), *([results.windows] if results.windows is not None else [])]:
             df.unpersist()
     return [summaries[run_id] for run_id in run_ids]

@@ -59,7 +59,8 @@ class ReplayFrames:
     unavailability: DataFrame
     replication_bytes: dict[str, int]
     control: PartitionEvents | None = None  # the fault timeline the plan routed with
-    raw: DataFrame | None = None  # the persisted kernel output the three frames read
+    raw: DataFrame | None = None  # the persisted kernel output the frames read
+    windows: DataFrame | None = None  # message figures per run, partition and window (RawFrames.windows)
 
     def release(self) -> None:
         if self.raw is not None:
@@ -165,16 +166,31 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower.
     raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
 
-    messages, states, intervals, totals = frames_from_raw(spark, runs, raw)
-    return ReplayFrames(list(runs), messages, states, intervals, totals, plan.control, raw)
+    frames = frames_from_raw(spark, runs, raw)
+    return ReplayFrames(list(runs), frames.message_outcomes, frames.partition_states, frames.unavailability,
+                        frames.replication_bytes, plan.control, raw, frames.windows)
 
 
-def frames_from_raw(spark, runs: Sequence[PolicyRun], raw):
-    """message_outcomes, partition_states and unavailability (their table schemas) and replication bytes per
-    run, from the kernels' output rows (`engine.groups.OUTPUT_DDL`); the batch and the stream replay share it."""
+@dataclass
+class RawFrames:
+    """What the kernels' output rows hold, as frames in the table schemas, and replication bytes per run."""
+
+    message_outcomes: DataFrame
+    partition_states: DataFrame
+    unavailability: DataFrame
+    replication_bytes: dict[str, int]
+    #: (run_id, partition, window_start_us, engine.metrics.WINDOW_COUNTS + WINDOW_TIMES): the message figures per
+    #: partition and window, derived in the replay tasks (`engine.metrics.message_windows`).
+    windows: DataFrame | None
+
+
+def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
+    """The frames of the kernels' output rows (`engine.groups.OUTPUT_DDL`); the batch and the stream replay share
+    it."""
     from pyspark.sql import functions as F
 
-    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW
+    from engine.metrics import WINDOW_COUNTS, WINDOW_TIMES
     from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
     from schemas.tables import TABLES
 
@@ -205,12 +221,20 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw):
                 .agg(F.sum("replication_bytes").alias("b")).collect()):
         totals[runs[row["policy_idx"]].run_id] = int(row["b"] or 0)
 
+    # Unrouted messages (partition -1) of a run may come from several units; their windows add up (no latency or
+    # lag there: `engine.groups._window_batch`). Every other (run, partition, window) has one row already.
+    windows = None if "window_start_us" not in raw.columns else (  # a stream checkpoint of an older replab
+        raw.where(F.col("rtype") == WINDOW)
+               .groupBy(run_ids.alias("run_id"), "partition", "window_start_us")
+               .agg(*[F.sum(c).cast("long").alias(c) for c in WINDOW_COUNTS],
+                    *[F.max(c).alias(c) for c in WINDOW_TIMES]))
+
     def conform(name: str, df):
         schema = TABLES[name].spark_schema()
         return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
-    return (conform("message_outcomes", messages), conform("partition_states", states),
-            conform("unavailability", intervals), totals)
+    return RawFrames(conform("message_outcomes", messages), conform("partition_states", states),
+                     conform("unavailability", intervals), totals, windows)
 
 
 # ------------------------------------------------------------------------------------------------ shared by modes
@@ -289,7 +313,7 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             results = ReplayResults(
                 run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
                 run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
-                frames.partition_states, frames.unavailability, events)
+                frames.partition_states, frames.unavailability, events, windows=frames.windows)
             step("windows and summary")
             checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
                                        frames.control)

@@ -247,7 +247,7 @@ class Lakehouse:
         `df` must only hold rows of those keys (Delta checks it: replaceWhere's constraint check).
         """
         predicate = in_predicate(key_column, key_values)
-        data = _few_files(self.conform(table, df), self.spec(table).partition_by)
+        data = _few_files(self.conform(table, df))
         path = self.path(table)
 
         def write() -> None:
@@ -383,26 +383,23 @@ def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
 
 #: A frame smaller than this is written by one task: one file per table partition. Written by as many tasks as
 #: it has partitions (four on two cores), a small run's table got a file per task, which Delta's auto compaction
-#: (the tables' autoCompact property) rewrote right after the write: one more commit and four more Spark jobs.
+#: (the small tables' autoCompact property) rewrote right after the write: one more commit and four more Spark jobs.
 ONE_TASK_BYTES = 32 << 20
 
 
-def _few_files(df, partition_by: Sequence[str] = ()):
-    """`df` with one file per table partition when written: in one Spark partition when Spark's plan statistics
-    put it under ONE_TASK_BYTES (exact for a persisted frame already computed: the output gate computes the
-    tables it checks before they are written), else, for a partitioned table, hashed by the table's partition
-    columns, so that each table partition is written by one task. Written by every task holding some of its rows,
-    a run's partition of `message_outcomes` got one file per task and auto compaction rewrote it right after the
-    write: one job and one commit per run (16 in the demo; 20 s for one run at 10 M events,
-    bench/results/replay-profile-steady-state-10M-before-one-file.md). A frame of unknown size keeps its partitions
-    (rows made on the driver are coalesced where they are made). No Spark job."""
+def _few_files(df):
+    """`df` in one Spark partition, so one file per table partition, when Spark's plan statistics put it under
+    ONE_TASK_BYTES (exact for a persisted frame already computed: the output gate computes the tables it checks
+    before they are written). A bigger frame keeps its partitions: each task writes a file of each table partition
+    it holds rows of, and the big tables do not compact after the write (`schemas.tables._BIG`). Hashing it by the
+    table's partition columns first (one file per run) cost a shuffle of every row: 14 M outcome rows of 16 runs
+    took 29.5-46.8 s to write that way, 20.2-21.6 s as they are. A frame of unknown size keeps its partitions (rows
+    made on the driver are coalesced where they are made). No Spark job."""
     try:
         size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
     except Exception:  # not a classic session (Spark Connect): keep the frame as it is
         return df
-    if size < ONE_TASK_BYTES:
-        return df.coalesce(1)
-    return df.repartition(*partition_by) if partition_by else df
+    return df.coalesce(1) if size < ONE_TASK_BYTES else df
 
 
 class RunsTransaction:

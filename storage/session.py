@@ -171,17 +171,33 @@ def _check_delta(spark) -> None:
 
 
 @contextmanager
-def adaptive_off(spark) -> Iterator[None]:
-    """Run the block's queries with one static plan each: adaptive execution makes every shuffle stage a Spark
-    job of its own, which costs more than it saves on a query over small cached frames with many shuffles. The
-    setting is the session's: use it where no other thread runs queries meanwhile (the output gate's one query)."""
-    key = "spark.sql.adaptive.enabled"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "false")
+def session_conf(spark, key: str, value: str) -> Iterator[None]:
+    """The block runs with a session setting changed, restored after (unset again if it was unset). Settings are
+    the session's: use it where no other thread runs queries meanwhile."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
     try:
         yield
     finally:
-        spark.conf.set(key, before)
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def adaptive_off(spark):
+    """Run the block's queries with one static plan each: adaptive execution makes every shuffle stage a Spark
+    job of its own, which costs more than it saves on a query over small cached frames with many shuffles (the
+    output gate's one query)."""
+    return session_conf(spark, "spark.sql.adaptive.enabled", "false")
+
+
+def uncompressed_cache(spark):
+    """Frames cached (filled) in the block are stored uncompressed. A replay's tail caches its tables for the
+    output gate and the Delta writes, each read several times: compressing 3.7 M message outcomes (16 runs) while
+    caching them took 6.9-7.6 s, against 3.1-3.9 s uncompressed, and reading them back took the same time either
+    way (0.5-0.7 s). The block should hold both the `persist()` calls and the queries that fill the caches."""
+    return session_conf(spark, "spark.sql.inMemoryColumnarStorage.compressed", "false")
 
 
 def local_frame(spark, rows: Sequence[Sequence[Any]], schema: str | Any):

@@ -44,14 +44,22 @@ import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
-from engine.groups import GROUPED_COLUMNS, OUTPUT_DDL, OUTPUT_SCHEMA, ReplayPlan, RouteClass, UnitReplay
+from engine.groups import (
+    FINAL_ROW_TYPES,
+    GROUPED_COLUMNS,
+    OUTPUT_DDL,
+    OUTPUT_SCHEMA,
+    ReplayPlan,
+    RouteClass,
+    UnitReplay,
+)
 from replay.events import PartitionEvents
 from replay.families import RouteInput, family_of
 from replay.stream import reads_fault_timeline, routing_horizon_us
 from schemas.trace import KIND_LABELS, Kind
 
-# Row types beyond engine.groups' MESSAGE, STATE, UNAVAILABLE, UNIT
-STATS, LATE, END = 4, 5, 6
+# Row types beyond engine.groups' final ones (MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW)
+STATS, LATE, END = (max(FINAL_ROW_TYPES) + i for i in (1, 2, 3))
 ACCOUNTING = (-1, -1)
 END_CODE = len(KIND_LABELS)  # kind_code of the end-of-trace marker
 REPLICATE = int(Kind.REPLICATE)

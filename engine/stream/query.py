@@ -352,10 +352,10 @@ class StreamSink:
         the driver's session cannot see. Overwritten whole, so a micro-batch run again writes the same files."""
         from pyspark.sql import functions as F
 
-        from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+        from engine.groups import FINAL_ROW_TYPES
 
         self.progress("the watermark passed the end of the trace: every group finished")
-        (df.where(F.col("rtype").isin(MESSAGE, STATE, UNAVAILABLE, UNIT)).write.mode("overwrite")
+        (df.where(F.col("rtype").isin(*FINAL_ROW_TYPES)).write.mode("overwrite")
          .parquet(str(self.ck.final_dir)))
         self.ck.final_written = True
         self.ck.save()
@@ -393,15 +393,16 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
         quarantined, gate_report = ck.quarantined, ck.gate_report
     events = replayed_events(spark, tf, exclude)
     raw = spark.read.parquet(str(ck.final_dir))
-    msgs, states, intervals, replication_bytes = frames_from_raw(spark, runs, raw)
+    frames = frames_from_raw(spark, runs, raw)
+    msgs, states, intervals = frames.message_outcomes, frames.partition_states, frames.unavailability
     events = events.persist()
     try:
         wm_rows = (lakehouse.read("watermarks").where(in_predicate("run_id", run_ids))
                    .dropDuplicates(["run_id", "batch"]).collect())
         watermarks = spark.createDataFrame([r.asDict() for r in wm_rows], TABLES["watermarks"].spark_schema())
         records = run_records(runs, manifest.trace_id, "stream", tracker.run_ids if tracker is not None else None)
-        results = ReplayResults(records, run_infos(runs, manifest, replication_bytes), msgs, states, intervals,
-                                events, watermarks=watermarks)
+        results = ReplayResults(records, run_infos(runs, manifest, frames.replication_bytes), msgs, states,
+                                intervals, events, watermarks=watermarks, windows=frames.windows)
         checks = invariants.checks(spark, runs, msgs, states, control_timeline(events))
         summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
                             extra_checks=checks)

@@ -12,7 +12,15 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from expectations.output_gate import NamedCheck, RunOutputs, check_outputs, run_output_gate
+from expectations.output_gate import (
+    NamedCheck,
+    RunOutputs,
+    check_outputs,
+    duplicate_outcomes,
+    message_coverage,
+    outcome_keys,
+    run_output_gate,
+)
 from schemas.errors import GateFailed
 from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord
 from tests.pipelines.synthetic import make_run, run_tables
@@ -112,6 +120,23 @@ def test_each_expectation_catches_its_violation_and_names_the_run(spark, produce
     counts = {f.expectation: f.count for f in report.failures}
     assert counts["latency >= 0"] == 1 and counts["at most one outcome per message and run"] == 2
     assert counts["every produced message has exactly one outcome per run"] == 1
+
+
+def test_coverage_and_uniqueness_name_every_offending_run_and_message(spark):
+    """Message 4 is in no run, 5 was never produced, a misses 2, b has 3 twice: each offender by run and message."""
+    outcomes = spark.createDataFrame(
+        [("a", 1, "acked"), ("a", 3, "acked"), ("a", 5, "acked"), ("b", 1, "acked"), ("b", 2, "acked"),
+         ("b", 3, "acked"), ("b", 3, "failed")], "run_id STRING, msg_id BIGINT, status STRING")
+    produced = spark.createDataFrame([(i,) for i in (1, 2, 3, 4)], "msg_id BIGINT")
+    missing, unproduced = ("produced message without an outcome in this run",
+                           "outcome of a message the trace does not produce")
+    # the runs as a bit mask (the gate's way), and counted distinct (over MASK_RUNS runs): the same keys
+    for keys in (outcome_keys(outcomes, ["a", "b"]), outcome_keys(outcomes)):
+        assert sorted(map(tuple, keys.collect())) == [(1, 2, 2), (2, 1, 1), (3, 3, 2), (5, 1, 1)]
+        coverage = {tuple(r) for r in message_coverage(outcomes, produced, ["a", "b"], keys).collect()}
+        assert coverage == {("a", 2, missing), ("a", 4, missing), ("b", 4, missing), ("a", 5, unproduced)}
+        duplicates = sorted(tuple(r) for r in duplicate_outcomes(outcomes, keys).collect())
+        assert duplicates == [("b", 3, 2, "acked"), ("b", 3, 2, "failed")]
 
 
 @dataclass

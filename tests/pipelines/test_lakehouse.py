@@ -3,6 +3,7 @@ kill -9 at several points then re-run = an uninterrupted run, concurrent writers
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
@@ -138,22 +139,31 @@ def test_replace_run_touches_only_that_run(spark, tmp_path, reference_root):
     assert lh.read("partition_states").where("run_id = 'a'").count() == new_a.count()
 
 
-def test_a_big_frame_is_written_one_file_per_run_partition(spark, tmp_path, monkeypatch):
-    """A frame over ONE_TASK_BYTES is hashed by the table's partition column before the write: one file per run,
-    so Delta's auto compaction has nothing to rewrite (it rewrote every run after the write when each task
-    wrote its own file of every run)."""
+def test_a_big_frame_is_written_by_its_tasks_with_no_compaction_after(spark, tmp_path, monkeypatch):
+    """A frame over ONE_TASK_BYTES is written as its tasks hold it (no shuffle by run first): a file per task and
+    run, and no OPTIMIZE after the write (the big tables do not auto-compact: a run is always replaced whole).
+    A frame under it is written by one task: one file per run."""
     from storage import lakehouse as lakehouse_module
 
-    monkeypatch.setattr(lakehouse_module, "ONE_TASK_BYTES", 0)  # every frame counts as big
-    lh = Lakehouse(tmp_path / "lh", spark)
     rows = [make_run(run_id, seed).outcomes for run_id, seed in (("a", 1), ("b", 2))]
     df = spark.createDataFrame(pa.concat_tables(rows)).repartition(4)
-    lh.replace_rows("message_outcomes", "run_id", ["a", "b"], df)
-    files = DeltaTable(lh.path("message_outcomes")).file_uris()
-    assert sorted(Path(f).parent.name for f in files) == ["run_id=a", "run_id=b"]
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{lh.path('message_outcomes')}`").collect()
-    assert "OPTIMIZE" not in {h.operation for h in history}
-    assert lh.read("message_outcomes").count() == sum(len(r) for r in rows)
+
+    def files_per_run(lh):
+        files = DeltaTable(lh.path("message_outcomes")).file_uris()
+        return collections.Counter(Path(f).parent.name for f in files)
+
+    monkeypatch.setattr(lakehouse_module, "ONE_TASK_BYTES", 0)  # every frame counts as big
+    big = Lakehouse(tmp_path / "big", spark, create=False)
+    big.replace_rows("message_outcomes", "run_id", ["a", "b"], df)
+    assert files_per_run(big) == {"run_id=a": 4, "run_id=b": 4}
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{big.path('message_outcomes')}`").collect()
+    assert [h.operation for h in history] == ["WRITE", "CREATE TABLE"]
+    assert big.read("message_outcomes").count() == sum(len(r) for r in rows)
+
+    monkeypatch.setattr(lakehouse_module, "ONE_TASK_BYTES", 1 << 40)  # every frame counts as small
+    small = Lakehouse(tmp_path / "small", spark, create=False)
+    small.replace_rows("message_outcomes", "run_id", ["a", "b"], df)
+    assert files_per_run(small) == {"run_id=a": 1, "run_id=b": 1}
 
 
 def test_rows_of_another_run_are_refused(spark, tmp_path):

@@ -171,3 +171,32 @@ def test_windows_cover_every_partition_even_without_traffic(spark):
     n_windows = run.info.duration_us // W + 1
     counts = {r.partition: r["count"] for r in lm.groupBy("partition").count().collect()}
     assert counts == dict.fromkeys(range(4), n_windows)
+
+
+def test_the_replay_tasks_percentiles_are_sparks_bit_for_bit(spark):
+    """`metrics.spark_percentile` (the replay tasks' per-window latencies) against Spark's exact `percentile` on
+    groups of every size from 1 to 60, with many ties, at the percentiles the tables use; and the HALF_UP rounding
+    of Spark's `round` (exact .5 fractions arise from two-value interpolations)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    sizes = np.repeat(np.arange(1, 61), 4)
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    values = np.where(rng.random(len(group)) < 0.5, rng.integers(0, 5, len(group)),
+                      rng.integers(0, 10**9, len(group)))
+    ps = (0.5, 0.99, 0.999, 0.25)
+    df = spark.createDataFrame(pa.table({"g": group, "v": values}))
+    got_spark = {r.g: (list(r.p), list(r.rounded)) for r in df.groupBy("g").agg(
+        F.percentile("v", F.array(*[F.lit(p) for p in ps])).alias("p")).select(
+        "g", "p", F.transform("p", lambda x: F.round(x).cast("long")).alias("rounded")).collect()}
+    order = np.lexsort((values, group))
+    sorted_values = values[order]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    mine = [metrics.spark_percentile(sorted_values, starts, sizes, p) for p in ps]
+    for g in range(len(sizes)):
+        exact, rounded = got_spark[g]
+        assert [m[g] for m in mine] == exact, g
+        assert [int(metrics.round_half_up(np.array([m[g]]))[0]) for m in mine] == rounded, g
+    halves = [2.5, 3.49999, -0.5, -2.5, -1.49, 7.0, 0.0]
+    rounded = spark.createDataFrame([(x,) for x in halves], "x DOUBLE").select(F.round("x").cast("long")).collect()
+    assert metrics.round_half_up(np.array(halves)).tolist() == [r[0] for r in rounded] == [3, 3, -1, -3, -1, 7, 0]

@@ -122,6 +122,24 @@ def generated_trace(tmp_path_factory):
     return folder
 
 
+def derived_in_tasks_equal_spark_aggregates(frames, infos) -> None:
+    """loss_metrics and committed_offsets from the message figures the replay tasks derived per window
+    (`engine.metrics.message_windows`) equal the Spark aggregation of message_outcomes, row for row."""
+    mo, windows = frames.message_outcomes, frames.windows
+    assert windows is not None
+
+    def rows(df) -> list:
+        return sorted(df.collect(), key=lambda r: tuple((v is None, v) for v in r))
+
+    spark_lm = rows(metrics.loss_metrics(mo, frames.unavailability, infos))
+    assert rows(metrics.loss_metrics(mo, frames.unavailability, infos, windows=windows)) == spark_lm
+    assert sum(r.produced for r in spark_lm) == mo.count()  # every message in some window
+    assert any(r.ack_latency_p50_us is not None for r in spark_lm)  # percentiles compared, not only nulls
+    spark_co = rows(metrics.committed_offsets(frames.partition_states, mo, infos))
+    assert rows(metrics.committed_offsets(frames.partition_states, mo, infos, windows=windows)) == spark_co
+    assert any(r.visibility_lag_p99_us is not None for r in spark_co)
+
+
 def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trace):
     manifest, table = read_events_arrow(generated_trace)
     kinds = set(table.column("kind").to_pylist())
@@ -134,6 +152,7 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
         msgs = frames.message_outcomes.toArrow()
         states = frames.partition_states.toArrow()
         gaps = frames.unavailability.toArrow()
+        derived_in_tasks_equal_spark_aggregates(frames, run_infos(runs, manifest, frames.replication_bytes))
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
         frames.release()

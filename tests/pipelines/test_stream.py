@@ -154,21 +154,23 @@ def run_all(spark, runs: list[CoreRun], root: Path, at_once: int = 3) -> None:
 
 
 def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -> None:
-    """The stream's message, state and interval rows (and replication bytes) equal batch mode's, row for row."""
+    """The stream's message, state, interval and window rows (and replication bytes) equal batch mode's, row for
+    row."""
     from pyspark.testing import assertDataFrameEqual
 
-    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT
+    from engine.groups import FINAL_ROW_TYPES
     from engine.replay import frames_from_raw
 
     manifest, events = read_events_spark(spark, batch_trace or run.trace)
     batch = replay_frames(spark, manifest, events, run.runs)
     try:
-        raw = spark.createDataFrame(run.rows((MESSAGE, STATE, UNAVAILABLE, UNIT)))
-        msgs, states, gaps, replication_bytes = frames_from_raw(spark, run.runs, raw)
-        assertDataFrameEqual(msgs, batch.message_outcomes)
-        assertDataFrameEqual(states, batch.partition_states)
-        assertDataFrameEqual(gaps, batch.unavailability)
-        assert replication_bytes == batch.replication_bytes
+        raw = spark.createDataFrame(run.rows(FINAL_ROW_TYPES))
+        stream = frames_from_raw(spark, run.runs, raw)
+        assertDataFrameEqual(stream.message_outcomes, batch.message_outcomes)
+        assertDataFrameEqual(stream.partition_states, batch.partition_states)
+        assertDataFrameEqual(stream.unavailability, batch.unavailability)
+        assertDataFrameEqual(stream.windows, batch.windows)
+        assert stream.replication_bytes == batch.replication_bytes
     finally:
         batch.release()
 
@@ -319,8 +321,10 @@ def test_every_golden_scenario_stream_equals_batch(spark, all_golden_runs, name)
 
 
 def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
+    from engine.stream.groups import STATS
+
     run = core_runs["chaos"]
-    stats = run.rows((4,))
+    stats = run.rows((STATS,))
     assert sum(stats.column("rows_late").to_pylist()) == 0
     assert sum(stats.column("rows_in").to_pylist()) == read_events_arrow(run.trace)[1].num_rows
     assert len([b for b in run.batches if b.num_rows]) >= 5  # four files, then the end-of-trace timers
@@ -336,8 +340,10 @@ def test_generated_trace_stream_equals_batch(spark, generated_run):
 
 
 def test_out_of_order_within_the_allowed_lateness_equals_batch(spark, core_runs):
+    from engine.stream.groups import STATS
+
     run = core_runs["out-of-order"]
-    assert sum(run.rows((4,)).column("rows_late").to_pylist()) == 0
+    assert sum(run.rows((STATS,)).column("rows_late").to_pylist()) == 0
     assert_same_as_batch(spark, run)
 
 
