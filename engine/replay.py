@@ -223,11 +223,12 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
 
     # Unrouted messages (partition -1) of a run may come from several units; their windows add up (no latency or
     # lag there: `engine.groups._window_batch`). Every other (run, partition, window) has one row already.
-    windows = None if "window_start_us" not in raw.columns else (  # a stream checkpoint of an older replab
-        raw.where(F.col("rtype") == WINDOW)
-               .groupBy(run_ids.alias("run_id"), "partition", "window_start_us")
-               .agg(*[F.sum(c).cast("long").alias(c) for c in WINDOW_COUNTS],
-                    *[F.max(c).alias(c) for c in WINDOW_TIMES]))
+    windows = None  # a stream checkpoint written by an older replab has no window rows: Spark aggregates instead
+    if "window_start_us" in raw.columns:
+        windows = (raw.where(F.col("rtype") == WINDOW)
+                   .groupBy(run_ids.alias("run_id"), "partition", "window_start_us")
+                   .agg(*[F.sum(c).cast("long").alias(c) for c in WINDOW_COUNTS],
+                        *[F.max(c).alias(c) for c in WINDOW_TIMES]))
 
     def conform(name: str, df):
         schema = TABLES[name].spark_schema()
