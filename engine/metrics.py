@@ -131,16 +131,23 @@ def message_windows(partition: np.ndarray, produce_us: np.ndarray, status: np.nd
     `partition` is UNROUTED_PARTITION for a message without one; times are NULL_US when absent."""
     partition = partition.astype(np.int64)
     window = produce_us // window_us  # Spark's tumbling window() from 0: floor, also below 0
-    # one int64 key per (partition, window): windows of a run fit in 32 bits at µs resolution and 1 ms windows
-    key = (partition + 1) << 32 | (window & 0xFFFFFFFF)
-    keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    span = window - window.min() if len(window) else window
+    if not len(span) or span.max() < 1 << 32:
+        # one int64 key per (partition, window), in (partition, window) order: a unit's windows fit in 32 bits
+        # unless its trace spans 2^32 of them (49 days of 1 ms windows)
+        keys, first, inverse = np.unique((partition + 1) << 32 | span, return_index=True, return_inverse=True)
+        key_partition = (keys >> 32) - 1
+    else:
+        pairs, first, inverse = np.unique(np.stack([partition, window], axis=1), axis=0, return_index=True,
+                                          return_inverse=True)
+        keys, key_partition, inverse = pairs[:, 0], pairs[:, 0], inverse.reshape(-1)
     acked = status == Status.ACKED
     committed = fate == Fate.COMMITTED
     flags = {"acked": acked, "failed": status == Status.FAILED, "acked_lost": acked & ~committed,
              "failed_committed": (status == Status.FAILED) & committed,
              "stranded": acked & committed & ~readable_at_end.astype(bool)}
     out: dict[str, np.ndarray] = {
-        "partition": (keys >> 32) - 1,
+        "partition": key_partition,
         "window_start_us": window[first] * window_us,
         "produced": np.bincount(inverse, minlength=len(keys)).astype(np.int64),
     }

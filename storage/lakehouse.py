@@ -125,6 +125,8 @@ class Lakehouse:
         self.spark = spark
         self.root = Path(root).resolve()
         self._ready: set[str] = set()
+        #: Tables this object created (empty): until someone commits to one, it is known empty without a read.
+        self._created: set[str] = set()
         self._pending_validations: list[Mapping[str, Any]] = []
         if create:
             self.create_tables()
@@ -187,6 +189,7 @@ class Lakehouse:
             builder.execute()
 
         with_retries(create, f"create {spec.name}", creating=True)
+        self._created.add(spec.name)
         self._ready.add(spec.name)
 
     def _add_missing_columns(self, spec: TableSpec) -> None:
@@ -302,12 +305,19 @@ class Lakehouse:
         df = self.spark.createDataFrame(list(full.values()), schema=TABLES["validations"].spark_schema()).coalesce(1)
         self._upsert("validations", "validation_id", df, list(full))
 
+    def _still_empty(self, table: str) -> bool:
+        """Whether a table this object created has had no commit since (by anyone): its log holds version 0 only,
+        the creation, which adds no file (Delta's log names each version's commit file; no Spark job)."""
+        return table in self._created and not (Path(self.path(table)) / "_delta_log" / f"{1:020d}.json").exists()
+
     def has_rows(self, table: str, column: str, value: str) -> bool:
         """Whether the table holds a row with this key (a cheap read: Delta skips files by their stats). A table
         not created yet holds none, and is not created by asking."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
+        if self._still_empty(table):
+            return False
         if table not in self._ready and not DeltaTable.isDeltaTable(self.spark, self.path(table)):
             return False
         return bool(self.read(table).where(F.col(column) == value).limit(1).count())
@@ -328,8 +338,10 @@ class Lakehouse:
         ids = [r.run_id for r in records]
         if len(set(ids)) != len(ids):
             raise ReplabError(f"duplicate run ids in one write: {ids}")
-        previous = [r.asDict(recursive=True) for r in
-                    self.read("runs").where(in_predicate("run_id", ids)).collect()]
+        self._ensure(self.spec("runs"))
+        # A runs table made by this object holds no earlier row to restore (its read: two Spark jobs).
+        previous = [] if self._still_empty("runs") else [
+            r.asDict(recursive=True) for r in self.read("runs").where(in_predicate("run_id", ids)).collect()]
         started = dt.datetime.now(dt.UTC)
         self._upsert("runs", "run_id", self._run_rows(records, RUNNING, started, None), ids)
         return RunsTransaction(self, list(records), started, {p["run_id"]: p for p in previous})

@@ -159,6 +159,11 @@ def test_a_big_frame_is_written_by_its_tasks_with_no_compaction_after(spark, tmp
     history = spark.sql(f"DESCRIBE HISTORY delta.`{big.path('message_outcomes')}`").collect()
     assert [h.operation for h in history] == ["WRITE", "CREATE TABLE"]
     assert big.read("message_outcomes").count() == sum(len(r) for r in rows)
+    # File statistics on the declared numeric columns only (Delta's default: the first 32 columns).
+    added = DeltaTable(big.path("message_outcomes")).get_add_actions(flatten=True)
+    assert sorted(c.removeprefix("min.") for c in added.column_names if c.startswith("min.")) == [
+        "msg_id", "partition", "produce_us"]
+    assert min(added.column("num_records").to_pylist()) > 0
 
     monkeypatch.setattr(lakehouse_module, "ONE_TASK_BYTES", 1 << 40)  # every frame counts as small
     small = Lakehouse(tmp_path / "small", spark, create=False)

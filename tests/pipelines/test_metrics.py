@@ -200,3 +200,21 @@ def test_the_replay_tasks_percentiles_are_sparks_bit_for_bit(spark):
     halves = [2.5, 3.49999, -0.5, -2.5, -1.49, 7.0, 0.0]
     rounded = spark.createDataFrame([(x,) for x in halves], "x DOUBLE").select(F.round("x").cast("long")).collect()
     assert metrics.round_half_up(np.array(halves)).tolist() == [r[0] for r in rounded] == [3, 3, -1, -3, -1, 7, 0]
+
+
+def test_the_replay_tasks_windows_stay_apart_across_2_to_the_32_windows():
+    """`message_windows` keys a (partition, window) as one int64 while a unit's windows span under 2^32; a longer
+    trace (here 1 µs windows) takes the pairs themselves: windows 2^32 apart are two windows, not one."""
+    import numpy as np
+
+    from schemas.outcomes import NULL_US, Fate, Status
+
+    for far in (1 << 31, 1 << 32, 3 << 32):
+        produce = np.array([0, far, far + 1, 5, far], dtype=np.int64)
+        n = len(produce)
+        out = metrics.message_windows(
+            np.array([0, 0, 0, 1, 1]), produce, np.full(n, int(Status.ACKED)), np.full(n, int(Fate.COMMITTED)),
+            np.ones(n, dtype=bool), produce + 7, np.full(n, NULL_US), window_us=1)
+        rows = sorted(zip(out["partition"].tolist(), out["window_start_us"].tolist(), out["produced"].tolist(),
+                          out["ack_latency_max_us"].tolist(), strict=True))
+        assert rows == [(0, 0, 1, 7), (0, far, 1, 7), (0, far + 1, 1, 7), (1, 5, 1, 7), (1, far, 1, 7)], far
