@@ -13,7 +13,12 @@ Measured in one run, each in a fresh process as a user starts it:
   wall time, and a per-step breakdown from the command's progress lines (`engine.replay.run_replay`'s steps),
   timed by this process as each line arrives: Spark start (process start to the first step, imports
   included), trace gate, MLflow runs, replay core, windows and summary, output gate, Delta tables, MLflow
-  logging, and the exit (the last lines, Spark stop).
+  logging, and the exit (the last lines, Spark stop);
+- replay warm: three replays of the trace in ONE process and session (`engine.replay.run_replay`), each into a new
+  lakehouse; the row is the mean of the second and third, the cost of a small replay in a session that stays up.
+
+CPU seconds of each process tree, of its JVMs, and of their JIT compiler threads are sampled from /proc (a fresh
+JVM compiling the code paths a replay touches is most of the fixed cost: the JVM is busy, not waiting).
 
 Spark jobs per step come from the run's Spark event log (`spark.eventLog.enabled` through PYSPARK_SUBMIT_ARGS):
 a figure that does not depend on the machine's load, unlike the seconds.
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procs import emit, load_average
-from bench.spark_profile import REPLAY_STEPS, command_env, jobs_markdown, run_profiled, steps_markdown
+from bench.spark_profile import REPLAY_STEPS, TreeCpu, command_env, jobs_markdown, run_profiled, steps_markdown
 
 STEPS = REPLAY_STEPS
 
@@ -50,6 +55,25 @@ spark.stop()
 print(f"start {t1 - t0:.3f} stop {time.monotonic() - t1:.3f}")
 """
 
+#: Replays of the trace in ONE session, each into a new lakehouse: the first pays the cold JVM, the later ones show
+#: what a replay costs in a session that stays up (a notebook's, a cluster's).
+WARM = """
+import sys, time
+from engine.plan import ReplayRequest
+from engine.replay import run_replay
+from replay.policies import parse_policy
+from report.figures import run_figures
+from storage.session import get_spark
+trace, root, uri, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+spark = get_spark("replab-bench-warm")
+for i in range(count):
+    t = time.monotonic()
+    run_replay(spark, ReplayRequest(trace=trace, policies=[parse_policy("kafka-acks1")], lakehouse=f"{root}/lh{i}",
+                                    tracking_uri=uri, figures=run_figures))
+    print(f"replay{i} {time.monotonic() - t:.3f}", flush=True)
+spark.stop()
+"""
+
 
 @dataclass
 class FixedCostRow:
@@ -60,6 +84,9 @@ class FixedCostRow:
     ratio_to_bare: float | None = None
     load_avg_1m: float = 0.0
     load_avg_5m: float = 0.0
+    cpu_s: float = 0.0  # every process of the command (Python, JVM, Python workers)
+    jvm_cpu_s: float = 0.0  # of it, the JVMs
+    jit_cpu_s: float = 0.0  # of that, the JIT compiler threads: the cold JVM compiling Spark's and Delta's code
 
 
 def write_tiny_trace(folder: Path) -> Path:
@@ -86,17 +113,37 @@ def _load() -> tuple[float, float]:
 
 def bare(workdir: Path, log=print) -> FixedCostRow:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", BARE], cwd=workdir, env=command_env(), text=True, capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-c", BARE], cwd=workdir, env=command_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tree = TreeCpu(proc.pid)
+    out, err = proc.communicate()
     seconds = time.monotonic() - started
+    cpu = tree.stop()
     if proc.returncode:
-        raise RuntimeError(f"bare session failed: {proc.stderr[-2000:]}")
-    parts = proc.stdout.split()
+        raise RuntimeError(f"bare session failed: {err[-2000:]}")
+    parts = out.split()
     inner = {parts[i]: float(parts[i + 1]) for i in range(0, len(parts) - 1, 2) if parts[i] in
              ("start", "stop")}
     one, five = _load()
-    row = FixedCostRow("bare", round(seconds, 2), inner,
+    row = FixedCostRow("bare", round(seconds, 2), inner, load_avg_1m=one, load_avg_5m=five, cpu_s=round(cpu, 1),
+                       jvm_cpu_s=round(tree.jvm_seconds(), 1), jit_cpu_s=round(tree.jit_seconds(), 1))
+    log(f"bare session start + stop: {row.seconds:.1f} s ({inner}) load {one} {five}; CPU {row.cpu_s} s, JVM "
+        f"{row.jvm_cpu_s}, JIT {row.jit_cpu_s}")
+    return row
+
+
+def warm(workdir: Path, trace: Path, tracking_uri: str, count: int = 3, log=print) -> FixedCostRow:
+    """The later replays of `count` in one session (each into a new lakehouse): their mean wall time."""
+    proc = subprocess.run([sys.executable, "-c", WARM, str(trace), str(workdir / "warm"), tracking_uri, str(count)],
+                          cwd=workdir, env=command_env(), text=True, capture_output=True)
+    if proc.returncode:
+        raise RuntimeError(f"warm replays failed: {proc.stderr[-2000:]}")
+    times = {k: float(v) for k, v in (line.split() for line in proc.stdout.splitlines() if line.startswith("replay"))}
+    later = [times[f"replay{i}"] for i in range(1, count)]
+    one, five = _load()
+    row = FixedCostRow("replay-warm", round(sum(later) / len(later), 2), {k: round(v, 2) for k, v in times.items()},
                        load_avg_1m=one, load_avg_5m=five)
-    log(f"bare session start + stop: {row.seconds:.1f} s ({inner}) load {one} {five}")
+    log(f"replays in one session: {times} (the first pays the cold JVM) load {one} {five}")
     return row
 
 
@@ -109,11 +156,13 @@ def replay(what: str, workdir: Path, trace: Path, lakehouse: Path, tracking_uri:
     run = run_profiled(cmd, cwd=workdir, event_log=workdir / f"eventlog-{what}")
     steps, jobs = run.step_seconds(), run.step_jobs()
     one, five = _load()
-    row = FixedCostRow(what, run.seconds, steps, jobs, load_avg_1m=one, load_avg_5m=five)
+    row = FixedCostRow(what, run.seconds, steps, jobs, load_avg_1m=one, load_avg_5m=five, cpu_s=run.cpu_s,
+                       jvm_cpu_s=run.jvm_cpu_s, jit_cpu_s=run.jit_cpu_s)
     if profiles is not None:
         profiles[what] = f"### {what}\n\n{steps_markdown(run)}\n\n{jobs_markdown(run)}"
     log(f"{what}: {row.seconds:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
-        f"  load {one} {five}; {sum(jobs.values())} Spark jobs: {jobs}")
+        f"  load {one} {five}; {sum(jobs.values())} Spark jobs: {jobs}; CPU {row.cpu_s} s, JVM {row.jvm_cpu_s}, "
+        f"JIT {row.jit_cpu_s}")
     return row
 
 
@@ -130,11 +179,12 @@ def run(repeat: int = 1, *, workdir: str | None = None, log=print,
             b = bare(run_dir, log)
             new = replay("replay-new", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
             existing = replay("replay-existing", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
-            for r in (new, existing):
+            warm_row = warm(run_dir, trace, uri, log=log)
+            for r in (new, existing, warm_row):
                 r.ratio_to_bare = round(r.seconds / b.seconds, 2)
-            rows += [b, new, existing]
+            rows += [b, new, existing, warm_row]
             log(f"replay into a new lakehouse / bare = {new.ratio_to_bare:.2f}; into an existing one = "
-                f"{existing.ratio_to_bare:.2f}")
+                f"{existing.ratio_to_bare:.2f}; in a session that stays up = {warm_row.ratio_to_bare:.2f}")
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -143,14 +193,17 @@ def run(repeat: int = 1, *, workdir: str | None = None, log=print,
 
 def markdown(rows: list[FixedCostRow]) -> str:
     names = [n for _, n in STEPS]
-    lines = ["| what | wall s | / bare | " + " | ".join(names) + " | Spark jobs | load 1m, 5m |",
-             "|---|---:|---:|" + "---:|" * len(names) + "---:|---|"]
+    lines = ["| what | wall s | / bare | " + " | ".join(names) + " | Spark jobs | CPU s | JVM CPU s | JIT CPU s | "
+             "load 1m, 5m |",
+             "|---|---:|---:|" + "---:|" * len(names) + "---:|---:|---:|---:|---|"]
     for r in rows:
         cells = [f"{r.steps[n]:.1f}" + (f" ({r.jobs[n]})" if r.jobs.get(n) else "") if n in r.steps else ""
                  for n in names]
         ratio = f"{r.ratio_to_bare:.2f}" if r.ratio_to_bare is not None else ""
+        jobs = sum(r.jobs.values()) if r.jobs else ""
+        cpu = " | ".join(f"{v}" if r.cpu_s else "" for v in (r.cpu_s, r.jvm_cpu_s, r.jit_cpu_s))
         lines.append(f"| {r.what} | {r.seconds:.1f} | {ratio} | " + " | ".join(cells) +
-                     f" | {sum(r.jobs.values()) if r.what != 'bare' else ''} | {r.load_avg_1m}, {r.load_avg_5m} |")
+                     f" | {jobs} | {cpu} | {r.load_avg_1m}, {r.load_avg_5m} |")
     return "\n".join(lines)
 
 

@@ -130,6 +130,8 @@ class TreeCpu:
     def __init__(self, pid: int, every_s: float = 0.5) -> None:
         self.pid, self.every_s = pid, every_s
         self._last: dict[int, float] = {}
+        self._jvms: set[int] = set()
+        self._jit: dict[tuple[int, str], float] = {}  # (JVM pid, thread id) -> CPU s of a JIT compiler thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -148,8 +150,40 @@ class TreeCpu:
                 continue
             with self._lock:
                 self._last[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            if fields[0] != "Z":  # alive: a JVM among them has compiler threads to sample
+                self._sample_jit(pid, tick)
         with self._lock:
             return sum(self._last.values())
+
+    def _sample_jit(self, pid: int, tick: int) -> None:
+        """HotSpot names its JIT compiler threads "C1 CompilerThre…" and "C2 CompilerThre…"."""
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "java":
+                return
+            threads = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            return
+        with self._lock:
+            self._jvms.add(pid)
+        for task in threads:
+            try:
+                if "CompilerThre" not in (task / "comm").read_text():
+                    continue
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            with self._lock:
+                self._jit[(pid, task.name)] = (int(fields[11]) + int(fields[12])) / tick
+
+    def jvm_seconds(self) -> float:
+        """CPU seconds of the JVMs (the Spark driver; spark-submit's launcher JVM too)."""
+        with self._lock:
+            return sum(v for pid, v in self._last.items() if pid in self._jvms)
+
+    def jit_seconds(self) -> float:
+        """CPU seconds of the JVMs' JIT compiler threads (sampled: a thread's last sample counts)."""
+        with self._lock:
+            return sum(self._jit.values())
 
     def stop(self) -> float:
         self._stop.set()
@@ -186,6 +220,9 @@ class ProfiledCommand:
     steps: list[StepProfile]
     jobs: list[tuple[str, float, SparkJob]] = field(default_factory=list)  # (step, start offset s, job)
     output: str = ""
+    cpu_s: float = 0.0  # the command's processes
+    jvm_cpu_s: float = 0.0  # of it, the JVMs
+    jit_cpu_s: float = 0.0  # of that, the JIT compiler threads
 
     def step_seconds(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -253,7 +290,8 @@ def run_profiled(cmd: list[str], *, cwd: Path, event_log: Path,
             round(sum(j.spill_mb for j in mine), 1), round(max(nxt.cpu_s - m.cpu_s, 0.0), 2),
             round(busy / total, 3) if total else 0.0, round(iowait / total, 3) if total else 0.0))
         placed += [(m.step, j.start - offset - started, j) for j in mine]
-    return ProfiledCommand(round(end - started, 2), profiles, placed, "".join(lines))
+    return ProfiledCommand(round(end - started, 2), profiles, placed, "".join(lines), round(total_cpu, 1),
+                           round(tree.jvm_seconds(), 1), round(tree.jit_seconds(), 1))
 
 
 def steps_markdown(run: ProfiledCommand, slots: int = 2) -> str:

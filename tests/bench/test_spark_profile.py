@@ -56,3 +56,16 @@ def test_spark_jobs_sums_the_completed_stages_of_each_job(tmp_path):
 ])
 def testunion_seconds(intervals, seconds):
     assert union_seconds(intervals) == pytest.approx(seconds)
+
+
+def test_tree_cpu_finds_the_jvm_and_its_jit_compiler_threads(spark):
+    """The session's JVM runs under this process: its CPU, and within it the JIT compiler threads', are counted."""
+    import os
+
+    from bench.spark_profile import TreeCpu
+
+    spark.range(1000).selectExpr("sum(id)").collect()  # the JVM has compiled something
+    tree = TreeCpu(os.getpid(), every_s=60)  # sampled once, by hand
+    total = tree.seconds()
+    tree.stop()
+    assert 0 < tree.jit_seconds() < tree.jvm_seconds() <= total
