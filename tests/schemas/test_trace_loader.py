@@ -108,3 +108,9 @@ def test_spark_loader_names_parquet_file_and_row(spark, tmp_path):
     pq.write_table(good.slice(0, 2), tmp_path / "events" / "part-0.parquet")
     _, df = read_events_spark(spark, tmp_path)
     assert [r["kind"] for r in df.orderBy("ts_us").collect()] == ["crash", "restart"]
+    # The kinds are checked per file from its dictionaries: a null kind in the 2nd row group of the next file
+    nulled = good.slice(0, 2).set_column(1, "kind", pa.array(["crash", None]))
+    pq.write_table(nulled, tmp_path / "events" / "part-1.parquet", row_group_size=1)
+    with pytest.raises(BadInput) as err:
+        read_events_spark(spark, tmp_path)
+    assert err.value.row == 2 and err.value.file.endswith("part-1.parquet") and "unknown kind None" in str(err.value)
