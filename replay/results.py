@@ -62,6 +62,8 @@ class MessageRecords:
         return out
 
     def sorted_by_msg_id(self) -> MessageRecords:
+        if np.all(self.msg_id[1:] >= self.msg_id[:-1]):  # usual: settled in produce order, msg_ids in time order
+            return self
         order = np.argsort(self.msg_id, kind="stable")
         names = ("msg_id", "produce_us", "status", "error", "ack_us", "visible_us", "pos_epoch", "pos_offset")
         out = MessageRecords(*(getattr(self, n)[order] for n in names))

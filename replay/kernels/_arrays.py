@@ -77,7 +77,8 @@ class Table:
         remap = np.full(self.n, -1, dtype=np.int64)
         remap[idx] = np.arange(len(idx))
         for name in self.dtypes:
-            self.cols[name] = self.cols[name][: self.n][idx].copy()
+            col = self.cols[name]
+            col[: len(idx)] = col[idx]  # in place: the columns keep their capacity for the next rows
         self.n = len(idx)
         return remap
 

@@ -34,3 +34,35 @@ def test_compiled_helpers_agree_with_their_numpy_definitions():
         assert merge_order(a, b).tolist() == expected.tolist()
     idx, values = np.array([2, 5, 5, 9]), np.array([10, 20, 30, 40])
     assert forward_fill(idx, values, 11, -1).tolist() == [-1, -1, 10, 10, 10, 30, 30, 30, 30, 40, 40]
+
+
+def test_compaction_keeps_the_live_rows_in_order_and_the_columns_capacity():
+    from replay.kernels._arrays import reserve_rows
+
+    table = Table({"msg": np.int64, "state": np.int8})
+    table.append(msg=np.arange(10, 20), state=np.array([0, 3] * 5, dtype=np.int8))
+    reserve_rows(table, 100)
+    capacity = len(table.cols["msg"])
+    remap = table.keep(table["state"] == 0)
+    assert table["msg"].tolist() == [10, 12, 14, 16, 18] and table["state"].tolist() == [0] * 5
+    assert remap.tolist() == [0, -1, 1, -1, 2, -1, 3, -1, 4, -1]
+    assert len(table.cols["msg"]) == capacity  # the next stretch's rows fit without a reallocation
+    table.append(msg=np.array([99]), state=np.array([1], dtype=np.int8))
+    assert table["msg"].tolist() == [10, 12, 14, 16, 18, 99]
+
+
+def test_records_sorted_by_msg_id_whether_or_not_they_arrive_sorted():
+    from replay.results import MessageRecords
+
+    def records(ids):
+        ids = np.array(ids, dtype=np.int64)
+        r = MessageRecords(ids, ids * 10, np.zeros(len(ids), np.int8), np.zeros(len(ids), np.int8), ids, ids, ids,
+                           ids)
+        r.payload = {"pid": ids + 1}
+        return r
+
+    for ids in ([1, 2, 2, 5], [5, 1, 2, 2], []):
+        out = records(ids).sorted_by_msg_id()
+        assert out.msg_id.tolist() == sorted(ids)
+        assert out.produce_us.tolist() == [10 * i for i in sorted(ids)]
+        assert out.payload["pid"].tolist() == [i + 1 for i in sorted(ids)]
