@@ -93,16 +93,39 @@ def _kind_code():
     return (F.array_position(F.array(*[F.lit(k) for k in KIND_LABELS]), F.col("kind")) - 1).cast("tinyint")
 
 
-def with_msg_rank(produce_df):
+#: Message outcomes (messages × policies) a replay task holds at least before a replay uses more tasks than
+#: spark.sql.shuffle.partitions. The (class, unit) groups are hashed into the tasks, so few tasks are of unequal
+#: size and the last runs alone: all 16 presets at 10 M events kept 1.57 of 2 cores busy in 4 tasks (632.8 s),
+#: and took 541.8 s (857.8 CPU-s, was 991.5) in one task per group (25). A task costs about 0.7 CPU-s of its own
+#: (1 M events x 16 presets: 53.6 s, 100.9 CPU-s in 4 tasks; 60.4 s, 116.5 CPU-s in 25), small against replaying
+#: 4 M outcomes (about 26 CPU-s).
+TASK_OUTCOMES = 4_000_000
+
+
+def replay_tasks(groups: int, outcomes: int, shuffle_partitions: int) -> int:
+    """How many tasks replay the (class, unit) groups: spark.sql.shuffle.partitions, more for a large replay (one
+    per TASK_OUTCOMES outcomes), never more than the groups."""
+    return max(1, min(groups, max(shuffle_partitions, outcomes // TASK_OUTCOMES)))
+
+
+def produce_counts(produce_df):
+    """(lowest msg_id, highest msg_id, produce events) of the trace: one Spark job."""
+    from pyspark.sql import functions as F
+
+    return produce_df.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"),
+                          F.count(F.lit(1)).alias("n")).first()
+
+
+def with_msg_rank(produce_df, stats=None):
     """Each message's index in msg_id order over the whole trace (SPEC §3.2 rule 1, §3.3 rule 2).
 
     Generated traces number messages densely (1..n), and msg_id is unique (trace gate), so the rank is
     msg_id − min when max − min + 1 = count: no sort. Otherwise one range-partitioned sort numbers them.
+    `stats`: `produce_counts(produce_df)` if the caller has it.
     """
     from pyspark.sql import functions as F
 
-    stats = produce_df.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"),
-                           F.count(F.lit(1)).alias("n")).first()
+    stats = stats or produce_counts(produce_df)
     if stats["n"] == 0:
         return produce_df.withColumn("msg_rank", F.lit(0).cast("long"))
     if stats["hi"] - stats["lo"] + 1 == stats["n"]:
@@ -141,8 +164,10 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     plan = ReplayPlan(manifest, classes, control_timeline(events_df), window_us=window_ms * 1000)
 
     events = events_df.withColumn("kind_code", _kind_code())
-    produce = with_msg_rank(events.where(F.col("kind_code") == int(Kind.PRODUCE))
-                            .select("ts_us", "msg_id", "key", "size_bytes", "producer_id"))
+    produce_events = (events.where(F.col("kind_code") == int(Kind.PRODUCE))
+                      .select("ts_us", "msg_id", "key", "size_bytes", "producer_id"))
+    counts = produce_counts(produce_events)
+    produce = with_msg_rank(produce_events, counts)
     routed = produce.mapInArrow(route_batches(plan), ROUTED_DDL)
 
     # Broker events go to every unit that hosts the broker, in every class (a kernel ignores other brokers).
@@ -157,7 +182,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         F.lit(None).cast("long").alias("delay_us"))
 
     groups = max(1, sum(len(rc.units) for rc in classes))
-    parts = min(groups, max(1, int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    parts = replay_tasks(groups, int(counts["n"]) * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
     grouped = (routed.unionByName(broker_rows)
                .repartition(parts, "cls", "unit")
                .sortWithinPartitions("cls", "unit", "ts_us", "kind_code", "msg_id", "broker"))

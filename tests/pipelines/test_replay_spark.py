@@ -190,3 +190,14 @@ def test_sparse_msg_ids_are_ranked_by_a_sort(spark, tmp_path):
     assert [ranked[k] for k in sorted(ranked)] == list(range(50))
     dense = spark.createDataFrame([(i,) for i in range(5, 25)], "msg_id BIGINT")
     assert {r["msg_id"] - 5 == r["msg_rank"] for r in with_msg_rank(dense).collect()} == {True}
+
+
+def test_a_large_replay_spreads_its_groups_over_more_tasks_than_shuffle_partitions():
+    from engine.replay import TASK_OUTCOMES, replay_tasks
+
+    assert replay_tasks(25, 13_842_864, 4) == 4  # 1 M events x 16 presets: the session's partitions
+    assert replay_tasks(25, 152_849_600, 4) == 25  # 10 M events x 16 presets: one task per group
+    assert replay_tasks(12, 66_871_700, 4) == 12
+    assert replay_tasks(25, 10 * TASK_OUTCOMES, 4) == 10
+    assert replay_tasks(3, 0, 4) == 3  # never more tasks than groups
+    assert replay_tasks(1, 0, 0) == 1
