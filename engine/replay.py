@@ -94,8 +94,8 @@ def _kind_code():
 
 
 #: Message outcomes (messages × policies) a replay task holds at least before a replay uses more tasks than
-#: spark.sql.shuffle.partitions. The (class, unit) groups are hashed into the tasks, so few tasks are of unequal
-#: size and the last runs alone: all 16 presets at 10 M events kept 1.57 of 2 cores busy in 4 tasks (632.8 s),
+#: spark.sql.shuffle.partitions. The (class, unit) groups are hashed into the tasks: a few tasks are of unequal
+#: size, and the last runs alone: all 16 presets at 10 M events kept 1.57 of 2 cores busy in 4 tasks (632.8 s),
 #: and took 541.8 s (857.8 CPU-s, was 991.5) in one task per group (25). A task costs about 0.7 CPU-s of its own
 #: (1 M events x 16 presets: 53.6 s, 100.9 CPU-s in 4 tasks; 60.4 s, 116.5 CPU-s in 25), small against replaying
 #: 4 M outcomes (about 26 CPU-s).
@@ -190,7 +190,8 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     # and 7 policies (MEMORY_AND_DISK ran out of a 4 GB heap there); read back from the page cache, the four
     # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower. Uncompressed:
     # the columnar cache's dictionary statistics took a fifth of the JVM's CPU in the 7 Kafka presets' replay at
-    # 1 M events, to store 579 MB instead of 640 (frames 14.3 -> 10.8 s). `frames_from_raw` fills it.
+    # 1 M events; uncompressed it takes 640 MB on disk instead of 579 (frames 14.3 -> 10.8 s). `frames_from_raw`
+    # fills it.
     with uncompressed_cache(spark):
         raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
         frames = frames_from_raw(spark, runs, raw)
