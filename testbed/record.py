@@ -457,11 +457,10 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                     # ends read right after the fault are what they held at it (a fetch answered between the
                     # sample above and the fault included): recorded at the fault's instant − 1 µs. Without
                     # this, a fetch in that gap made the prediction lose what the successor had.
-                    for b in cluster.brokers:
-                        sample = samplers[0].read(b) if b != broker and state.get(b) == "up" else None
-                        if sample is not None:
-                            sample.ts_us = rec.faults[-1][0] - 1
-                            rec.samples.append(sample)
+                    for sample in _settled_reads(samplers[0], [b for b in cluster.brokers
+                                                               if b != broker and state.get(b) == "up"], producers):
+                        sample.ts_us = rec.faults[-1][0] - 1
+                        rec.samples.append(sample)
                 if kind in (Kind.SHUTDOWN, Kind.RESTART):
                     tr = Transition(len(rec.faults) - 1, kind, broker, rec.faults[-1][0])
                     rec.transitions.append(tr)
@@ -605,6 +604,26 @@ class ResilientProducer:
         for p in [*self.retired, self.producer]:
             with contextlib.suppress(KafkaException):
                 p.flush(timeout)
+
+
+#: After a crash or an isolation, how long apart the followers' log ends are read until two reads agree, and for
+#: how long at most. A fetch response the leader sent before the fault may still be on its way or being appended
+#: when the first read comes (a CI run read 5 records short of what the successor held); the followers cannot fetch
+#: anything newer from a dead or cut-off leader, and no successor is elected this soon (9 s here).
+SETTLE_MS, SETTLE_MAX_MS = 100, 1000
+
+
+def _settled_reads(sampler: Sampler, brokers: list[int], producers) -> list[Sample]:
+    """The brokers' samples once two reads SETTLE_MS apart give the same log ends (or at SETTLE_MAX_MS)."""
+    deadline = _now_us() + SETTLE_MAX_MS * 1000
+    last = [s for s in (sampler.read(b) for b in brokers) if s is not None]
+    while _now_us() < deadline:
+        _wait_until(_now_us() + SETTLE_MS * 1000, producers)
+        now = [s for s in (sampler.read(b) for b in brokers) if s is not None]
+        if [(s.broker, s.leo) for s in now] == [(s.broker, s.leo) for s in last]:
+            return now
+        last = now
+    return last
 
 
 def _wait_until(target_us: int, producers) -> None:
