@@ -24,10 +24,10 @@ import numpy as np
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
 from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, runs_array
+from replay.kernels._judge import judge
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
     C_REPLICATE,
-    C_TICK,
     MS,
     PAYLOAD,
     PENDING_COLS,
@@ -35,14 +35,14 @@ from replay.kernels.kafka_common import (
 )
 from replay.kernels.kafka_control import KafkaControl
 from replay.kernels.kafka_outputs import KafkaOutputs
-from replay.kernels.kafka_steady import INF, FlushCode
+from replay.kernels.kafka_steady import C_TICK, INF, FlushCode
+from replay.kernels.kafka_stream import merge_stream
 from replay.kernels.kafka_stretch import KafkaStretches
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
     FinalView,
     MessageRecords,
     PartitionResult,
-    judge,
     merge_intervals,
 )
 from schemas.trace import Kind
@@ -102,10 +102,11 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
         self.scratch = tuple(np.empty((0, w), dtype=np.int64) for w in (3, 2, 3, 2))  # `steady`'s outputs
-        self.handlers = {"tick": self._on_tick, "fence": self._on_fence, "switch": self._on_switch,
-                         "refresh": self._on_refresh}
+        self.handlers = {"fence": self._on_fence, "switch": self._on_switch, "refresh": self._on_refresh}
         self.seq = 0
-        self._push(0, C_TICK, "tick", 0)
+        # Rule 6: ISR check ticks from time 0, kept apart from the heap: the compiled loop passes the idle ones
+        self.tick_key = key(0, C_TICK)
+        self.tick_period_us = policy.replica_lag_time_max_ms * MS // 2
         self.pend = Table(PENDING_COLS)
         self.extra: list[tuple[int, int, int]] = []  # earlier appends of retried messages (msg, epoch, offset)
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
@@ -129,7 +130,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         c_kind, c_b = ev.broker_kind[ctrl], ev.broker_id[ctrl]
         none = np.full(len(ev.produce_ts), -1, dtype=np.int64)
         payload = [np.asarray((ev.payload or {}).get(name, none), dtype=np.int64) for name in PAYLOAD]
-        (self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, *pay) = steady.merge_stream(
+        (self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, *pay) = merge_stream(
             ev.broker_ts, ev.broker_kind, rep_ix, ev.broker_upto, ev.produce_ts, ev.produce_msg, ev.produce_size,
             *payload)
         self.s_payload = dict(zip(PAYLOAD, pay, strict=True))
@@ -139,8 +140,9 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         while True:
             ck = int(c_key[ci]) if ci < len(c_key) else INF
             dk = self.heap[0][0] if self.heap else INF
-            k = min(ck, dk, until_key)
-            self._stream(k)
+            limit = min(ck, dk, until_key)
+            self._stream(limit)  # stops early at an ISR check tick that is not idle
+            k = min(limit, self.tick_key)
             if k == until_key:
                 break
             t = k // 16
@@ -149,6 +151,8 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             if k == ck:
                 self._trace_control(t, Kind(int(c_kind[ci])), int(c_b[ci]))
                 ci += 1
+            elif k == self.tick_key:
+                self._on_tick(t)
             else:
                 _, _, what, arg = heapq.heappop(self.heap)
                 self.handlers[what](t, arg)
@@ -157,7 +161,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     def finish(self) -> PartitionResult:
         """End of trace: settle every message and judge fates (SPEC §4.1)."""
         self.finished = True
-        if self.heap or self.s_pos < len(getattr(self, "s_key", ())) - 1:
+        if self.heap or self.tick_key < INF or self.s_pos < len(getattr(self, "s_key", ())) - 1:
             self.advance(PartitionEvents.empty(), self.duration_us + 1)
         self._resolve_deadlines(self.duration_us + 1)
         self._clock(INF)  # close the last instant

@@ -9,9 +9,10 @@ from replay.kernels._arrays import Grow, common_prefix
 from replay.kernels.kafka_common import (
     C_CLIENT,
     C_FENCE,
-    C_TICK,
     MS,
+    key,
 )
+from replay.kernels.kafka_steady import C_TICK, INF
 from schemas.trace import Kind
 
 
@@ -281,11 +282,10 @@ class KafkaControl:
         else:
             self._schedule_refresh(t)
 
-    def _on_tick(self, t: int, _: int) -> None:
-        """Rule 6: ISR check tick."""
-        period = self.p.replica_lag_time_max_ms * MS // 2
-        if t + period <= self.duration_us:
-            self._push(t + period, C_TICK, "tick", 0)
+    def _on_tick(self, t: int) -> None:
+        """Rule 6: ISR check tick (the compiled loop passes the ones that change nothing, `kafka_steady.tick_idle`)."""
+        period = self.tick_period_us
+        self.tick_key = key(t + period, C_TICK) if t + period <= self.duration_us else INF
         ldr = self.leader
         if ldr < 0 or not self._eligible(ldr):
             return

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kernels import kafka_steady as steady
 from replay.kernels._arrays import runs_array
 from replay.kernels.kafka_common import (
     ACKED,
@@ -15,6 +14,7 @@ from replay.kernels.kafka_common import (
     PAYLOAD,
 )
 from replay.kernels.kafka_steady import INF
+from replay.kernels.kafka_stream import any_due
 from replay.policies import Acks
 from replay.results import (
     MessageRecords,
@@ -77,7 +77,7 @@ class KafkaOutputs:
         """Messages whose delivery deadline passed (before t) fail; the error reflects the state then."""
         if self.acks is Acks.ZERO or self.pend.n == 0:
             return
-        if not steady.any_due(self.pend.cols["state"], self.pend.cols["dead"], self.pend.n, t):
+        if not any_due(self.pend.cols["state"], self.pend.cols["dead"], self.pend.n, t):
             return
         st = self.pend.cols["state"][: self.pend.n]
         due = (st <= APPENDED) & (self.pend["dead"] < t)

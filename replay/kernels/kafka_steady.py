@@ -5,7 +5,9 @@ partition's leader, ISR, serving broker and refusal do not change. `steady` appl
 events and the scheduled NotEnoughReplicas retries of such a stretch in (ts, kind) order as the reference
 interpreter would (`KafkaReference._produce`, `_attempt`, `_append`, `_replicate`, `_recompute_hw`), with the
 carried state in arrays, and returns to Python at the end of the stretch or right after the report that expands
-the ISR (rule 7, a control change). It also closes the instants it passes (timeline rows, availability).
+the ISR (rule 7, a control change). It also closes the instants it passes (timeline rows, availability), and
+passes the ISR check ticks (rule 6) that would change nothing (`tick_idle`): in steady state that is every tick,
+so a partition's stretch is not cut every replica_lag_time_max_ms / 2 of trace.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from schemas.trace import Kind
 
 INF = np.iinfo(np.int64).max // 64
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+C_TICK = 10  # an ISR check tick's position within its instant (the derived events' codes: `kafka_common`)
 DUR_CAP = 128  # durability buckets per replica before the ones surely on disk are folded
 
 
@@ -55,13 +58,13 @@ _ZERO, _ONE, _ALL = int(AckCode.ZERO), int(AckCode.ONE), int(AckCode.ALL)
 
 # Indices of the carried scalars in `sc` (read and written back by `steady`).
 (S_HW, S_ZHW, S_ZSTALL, S_CUR_T, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N,
- S_EP_N, S_PEND_N, S_POS, S_SCHED_POS, S_APPENDED, S_EXPAND, S_NROWS, S_NUNAV, S_NEXTRA, S_NHW) = range(21)
-N_SCALARS = 21
+ S_EP_N, S_PEND_N, S_POS, S_SCHED_POS, S_APPENDED, S_EXPAND, S_NROWS, S_NUNAV, S_NEXTRA, S_NHW, S_TICK) = range(22)
+N_SCALARS = 22
 # Indices of the per-stretch constants in `cf`.
 (F_S_HI, F_SCHED_HI, F_LI, F_SI, F_SRV_LEADER, F_SRV_OK, F_REFUSING, F_ACKS, F_L_OK, F_HW_MOVES, F_EPOCH,
  F_EPOCH_START, F_DELIVERY, F_TIMEOUT, F_WINDOW, F_ZOMBIE, F_ZOMBIE_ALONE, F_BLOCKED, F_SERIES, F_FLUSH,
- F_PERIOD, F_EXPIRE) = range(22)
-N_CONSTANTS = 22
+ F_PERIOD, F_EXPIRE, F_LIMIT, F_LAG, F_TICK_PERIOD, F_DURATION, F_COMPACT_AT) = range(27)
+N_CONSTANTS = 27
 
 
 @compiled
@@ -100,6 +103,37 @@ def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expir
 
 
 @compiled
+def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing, in_isr, in_view, log_len, fetched,
+              lcu, state, dead, req, po, pend_n):
+    """Whether the ISR check tick at t would change nothing: `KafkaControl._on_tick` (rule 6, then rule 4's
+    recomputation and its acknowledgements) and what every control point does around it (`_resolve_deadlines`,
+    `_reschedule_pool`). Errs on the side of False: the tick then runs in Python, as any control point."""
+    if l_ok:  # the tick only checks the ISR under an eligible leader
+        leo = log_len[li]
+        cand = leo
+        for b in range(len(log_len)):
+            if b == li:
+                continue
+            if in_isr[b] and t - lcu[b] > lag and fetched[b] < leo:
+                return False  # rule 6: b leaves the ISR
+            if in_view[b]:
+                cand = min(cand, fetched[b])
+        if hw_moves and in_view[li] and cand > hw:
+            return False  # rule 4: the high watermark would move
+    for r in range(pend_n):
+        s = state[r]
+        if s > _APPENDED:
+            continue
+        if acks != _ZERO and dead[r] < t:
+            return False  # a delivery deadline passed: the message fails
+        if s == _REFUSED and acks == _ALL and not (srv_ok and refusing):
+            return False  # a NotEnoughReplicas retry may be due (rule 3)
+        if s == _APPENDED and srv_ok and acks != _ZERO and req[r] <= t and (acks == _ONE or po[r] < serving_hw):
+            return False  # an acknowledgement may be due (rule 12)
+    return True
+
+
+@compiled
 def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s_keyid, sched_key, sched_row,
            msg, prod, size, dead, state, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
            log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
@@ -117,6 +151,9 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
     zombie, zombie_alone, blocked, series = cf[F_ZOMBIE] == 1, cf[F_ZOMBIE_ALONE] == 1, cf[F_BLOCKED] == 1, \
         cf[F_SERIES] == 1
     flush, period, expire = cf[F_FLUSH], cf[F_PERIOD], cf[F_EXPIRE]
+    limit, lag, tick_period, duration = cf[F_LIMIT], cf[F_LAG], cf[F_TICK_PERIOD], cf[F_DURATION]
+    compact_at = cf[F_COMPACT_AT]
+    tick = sc[S_TICK]
     n_rep = log_len.shape[0]
     appends = 0  # acks=0 is never refused (rule 3 is for acks=all): every arrival is appended when served
     takes = srv_ok and (not refusing or acks == _ZERO)
@@ -135,11 +172,17 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
     while True:
         kt = s_key[i_s] if i_s < s_hi else INF
         kr = sched_key[i_r] if i_r < r_hi else INF
-        if kt == INF and kr == INF:
+        kc = tick if tick < limit else INF  # the next ISR check tick, if before the end of the stretch
+        if kt == INF and kr == INF and kc == INF:
             break
-        trace = kt <= kr  # trace events first on equal keys
+        at_tick = kc < kt and kc < kr
+        if at_tick and (pend_n >= compact_at or not tick_idle(
+                kc // 16, lag, l_ok, hw_moves, li, hw, zhw if zombie else hw, acks, srv_ok, refusing, in_isr, in_view,
+                log_len, fetched, lcu, state, dead, req, po, pend_n)):
+            break  # a control point, its handler in Python (or the pending table to compact, which bounds scans)
+        trace = not at_tick and kt <= kr  # trace events first on equal keys
         arrival = True
-        t = (kt if trace else kr) // 16
+        t = (kc if at_tick else kt if trace else kr) // 16
         if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
             leo_c = log_len[li] if li >= 0 else 0
             n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw, prev_leo, prev_hw, window, series)
@@ -166,6 +209,9 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                         n_unav += 1
             sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
             cur_t = t
+        if at_tick:  # ------------------------------- rule 6: an idle ISR check tick; the next one is due
+            tick = kc + tick_period * 16 if t + tick_period <= duration else INF
+            continue
         if trace:
             j = i_s
             i_s += 1
@@ -265,49 +311,4 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
     sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T] = hw, zhw, zstall, cur_t
     sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N] = lead_n, cum_n, ep_n, pend_n
     sc[S_POS], sc[S_SCHED_POS], sc[S_APPENDED], sc[S_EXPAND] = i_s, i_r, appends, expand
-    sc[S_NROWS], sc[S_NUNAV], sc[S_NEXTRA], sc[S_NHW] = n_rows, n_unav, n_extra, n_hw
-
-
-@compiled
-def merge_stream(b_ts, b_kind, b_rep, b_upto, p_ts, p_msg, p_size, p_pid, p_part, p_keyid):
-    """The chunk's stream events in SPEC §2.2 order, as key = ts·16 + kind: the reports of the partition's
-    replicas (`b_rep` >= 0) and the produce events, both already sorted by time (`PartitionEvents`), merged; a
-    sentinel key INF ends the arrays. Returns (key, code, replica, upto, msg, size, pid, part, keyid)."""
-    nr = 0
-    for j in range(len(b_ts)):
-        if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:
-            nr += 1
-    n = nr + len(p_ts)
-    key = np.empty(n + 1, dtype=np.int64)
-    code, rep, upto, msg, size = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                                  np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                                  np.zeros(n + 1, dtype=np.int64))
-    pid, part, keyid = (np.full(n + 1, -1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                        np.full(n + 1, -1, dtype=np.int64))
-    i, k, last = 0, 0, -1
-    for o in range(n):
-        while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
-            i += 1
-        kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
-        kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
-        if kb < kp:
-            key[o], code[o], rep[o], upto[o] = kb, C_REPLICATE, b_rep[i], b_upto[i]
-            i += 1
-        else:
-            key[o], code[o], msg[o], size[o] = kp, C_PRODUCE, p_msg[k], p_size[k]
-            pid[o], part[o], keyid[o] = p_pid[k], p_part[k], p_keyid[k]
-            k += 1
-        if key[o] < last:
-            raise ValueError("stream events out of time order")
-        last = key[o]
-    key[n] = INF
-    return key, code, rep, upto, msg, size, pid, part, keyid
-
-
-@compiled
-def any_due(state, dead, n, t):
-    """Whether a pending message's delivery deadline passed before t (a cheap test before the vectorized pass)."""
-    for r in range(n):  # noqa: SIM110 (a loop numba compiles, not a generator)
-        if state[r] <= _APPENDED and dead[r] < t:
-            return True
-    return False
+    sc[S_NROWS], sc[S_NUNAV], sc[S_NEXTRA], sc[S_NHW], sc[S_TICK] = n_rows, n_unav, n_extra, n_hw, tick

@@ -25,17 +25,23 @@ class KafkaStretches:
 
     # ================================================================================== steady stretches
     def _stream(self, limit_key: int) -> None:
-        """Process produce/replicate events and scheduled retries with keys below `limit_key`."""
+        """Process produce/replicate events, scheduled retries and idle ISR check ticks with keys below
+        `limit_key`; stop at a tick that is not idle (`advance` runs it)."""
         while True:
             hi = int(np.searchsorted(self.s_key, limit_key, side="left"))
             shi = int(np.searchsorted(self.sched_key, limit_key, side="left"))
             if hi <= self.s_pos and shi == 0:
+                return  # ticks with no event before the limit run in Python
+            if self._steady(hi, shi, limit_key):
                 return
-            self._steady(hi, shi)
             # loop: an ISR expansion may have cut the stretch or scheduled retries before limit_key
 
-    def _steady(self, hi: int, shi: int) -> None:
-        """One steady stretch in compiled code (`kafka_steady.steady`), then its effects on the Python-held state."""
+    def _steady(self, hi: int, shi: int, limit_key: int) -> bool:
+        """One steady stretch in compiled code (`kafka_steady.steady`), then its effects on the Python-held state.
+        Returns whether it stopped at an ISR check tick that is not idle."""
+        ticks = 0  # at most one closed instant per event and per tick
+        if self.tick_key < limit_key:
+            ticks = (limit_key // 16 - self.tick_key // 16) // self.tick_period_us + 1
         due = hi - self.s_pos + shi
         ldr, srv = self.leader, self._serving()
         li = self.ix[ldr] if ldr >= 0 else -1
@@ -57,23 +63,24 @@ class KafkaStretches:
             int(ldr >= 0 and self._eligible(ldr)), int(l_up and not self.unaware and not self._frozen(len(view))),
             epoch, self.epoch_start, self.p.delivery_timeout_ms * MS, self.p.request_timeout_ms * MS, self.window_us,
             int(zombie), int(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
-            int(srv < 0 or refusing), int(l_up), *self.flush], dtype=np.int64)
+            int(srv < 0 or refusing), int(l_up), *self.flush, limit_key, self.p.replica_lag_time_max_ms * MS,
+            self.tick_period_us, self.duration_us, COMPACT_AT], dtype=np.int64)
         av = self.timeline.av_prev or (0, False, INF)
         sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
         sc[[steady.S_HW, steady.S_ZHW, steady.S_ZSTALL, steady.S_CUR_T, steady.S_AV_HAS, steady.S_AV_T,
             steady.S_AV_BLOCKED, steady.S_AV_STALL, steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_PEND_N,
-            steady.S_POS]] = [
+            steady.S_POS, steady.S_TICK]] = [
             self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
             int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n,
-            ep_app.n, self.pend.n, self.s_pos]
+            ep_app.n, self.pend.n, self.s_pos, self.tick_key]
         reserve_rows(self.pend, due)
         c = self.pend.cols
         in_view = np.array([b in view for b in self.order], dtype=bool)
         in_isr = np.array([b in self.isr for b in self.order], dtype=bool)
         ok_rep = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
-        if len(self.scratch[0]) <= due:  # output buffers, kept across stretches: at most one row per event
-            cap = max(2 * len(self.scratch[0]), due + 1)
+        if len(self.scratch[0]) <= due + ticks:  # output buffers, kept across stretches
+            cap = max(2 * len(self.scratch[0]), due + ticks + 1)
             self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (3, 2, 3, 2))
         rows, unav, extra, hw_ch = self.scratch
         grow_from = self.log_len.copy()
@@ -95,6 +102,7 @@ class KafkaStretches:
         ep_app.n = ep_size.n = int(sc[steady.S_EP_N])
         self.pend.n = int(sc[steady.S_PEND_N])
         self.s_pos = int(sc[steady.S_POS])
+        self.tick_key = int(sc[steady.S_TICK])
         took = int(sc[steady.S_SCHED_POS])
         self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
         # ----- logs as runs: the serving broker's appends (one epoch), then followers as prefixes of the leader's
@@ -129,6 +137,8 @@ class KafkaStretches:
             self._resolve_deadlines(t)  # deadlines before the expansion saw the state before it
             self._expand(t, self.order[b])
             self._reschedule_pool(t)
+            return False
+        return self.tick_key < limit_key
 
 
     def _append_entries(self, si: int, epoch: int, app_ts: np.ndarray, sizes: np.ndarray,

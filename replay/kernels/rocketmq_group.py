@@ -18,6 +18,7 @@ from replay.kernels._arrays import (
     runs_array,
     take_or,
 )
+from replay.kernels._judge import judge
 from replay.kernels.rocketmq_common import (
     C_PRODUCE,
     C_REPLICATE,
@@ -34,7 +35,7 @@ from replay.policies import (
     FlushMode,
     Policy,
 )
-from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge, merge_intervals
+from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, merge_intervals
 from replay.rocketmq_control import (
     INF,
     KEY,

@@ -66,3 +66,30 @@ def test_records_sorted_by_msg_id_whether_or_not_they_arrive_sorted():
         assert out.msg_id.tolist() == sorted(ids)
         assert out.produce_us.tolist() == [10 * i for i in sorted(ids)]
         assert out.payload["pid"].tolist() == [i + 1 for i in sorted(ids)]
+
+
+def test_compiled_judge_agrees_with_the_results_judge():
+    """The kernels judge fates in one compiled pass (`replay.kernels._judge`); `replay.results.judge` (which the
+    reference interpreter uses) is the definition."""
+    from replay.kernels._judge import judge
+    from replay.results import FinalView, MessageRecords
+    from replay.results import judge as judge_numpy
+
+    rng = np.random.default_rng(1)
+
+    def runs(k):
+        ends = np.cumsum(rng.integers(1, 6, k))
+        return np.stack([rng.integers(0, 4, k), ends - rng.integers(1, 3, k).clip(max=ends - np.r_[0, ends[:-1]]),
+                         ends], axis=1).astype(np.int64).reshape(-1, 3)
+
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        pe, po = rng.integers(-1, 4, n), rng.integers(-1, 25, n)
+        rec = MessageRecords(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8),
+                             np.zeros(n, np.int64), np.zeros(n, np.int64), pe, po)
+        final = None if rng.random() < 0.2 else runs(int(rng.integers(0, 5)))
+        view = FinalView(final, runs(int(rng.integers(0, 5))), int(rng.integers(0, 25)), bool(rng.random() < 0.8))
+        got, want = judge(rec, view), judge_numpy(rec, view)
+        for name in ("fate", "readable_at_end", "offset"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+            assert getattr(got, name).dtype == getattr(want, name).dtype, name
