@@ -231,10 +231,12 @@ def print_result(result: DemoResult, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
+    from pipelines.replay_job import prefetch_imports
     from report.terminal import console as terminal
     from storage.session import get_spark
 
     console = terminal()
+    prefetch_imports(["great_expectations", "mlflow"])  # both gates and the MLflow runs, as `replab replay` does
     spark = get_spark("replab-demo")
     result = run_demo(spark, args.out, scenario=args.scenario, scale=args.scale, console=console)
     print_result(result, console)

@@ -200,6 +200,21 @@ def test_wrong_column_type_in_a_dataframe(spark):
     assert "column 'ts_us' has type double" in str(report.to_bad_input())
 
 
+def test_missing_column_in_a_dataframe_is_reported_not_raised(spark):
+    """The rule columns are computed beside the column checks; Spark's error over a missing column is dropped and
+    the column check reports it."""
+    from schemas.trace import Broker, Manifest
+
+    manifest = Manifest("plain", (Broker(0, "a"),), 1000)
+    df = spark.createDataFrame([(0, "produce", None, 1, None, 10, 0)],
+                               "ts_us bigint, kind string, broker int, msg_id bigint, key string, size_bytes int, "
+                               "producer_id int")
+    report = check_trace_rules(spark, df, manifest)
+    assert {k: v for k, v in report.counts.items() if v} == {"column-missing": 1}
+    assert report.violations is None and not report.success
+    assert "missing column 'upto_us'" in str(report.to_bad_input())
+
+
 QUARANTINE_BODY = (
     "0,produce,,1,,100,0,\n"           # 1
     "10,replicate,1,,,,,8\n"           # 2
