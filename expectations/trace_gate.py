@@ -350,7 +350,7 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
     expectation per rule, that each count is 0 (on a one-row pandas frame: GX over Spark resolved several
     Spark jobs per expectation, which cost minutes per trace on two cores). The column checks are GX
     expectations over a one-row frame of the columns' types; they run in a thread of their own while Spark
-    computes the rule columns (the driver mostly waits on the JVM then: the demo's gate was 0.5-1 s shorter),
+    computes the rule columns (the driver mostly waits on the JVM then; GX's validations take 0.2-1 s each),
     and their verdict comes first: with a bad column no row rule is reported, and whatever the Spark query made
     of the bad columns (an error, or counts) is dropped.
     """
