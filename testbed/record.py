@@ -457,7 +457,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                     # ends read right after the fault are what they held at it (a fetch answered between the
                     # sample above and the fault included): recorded at the fault's instant − 1 µs. Without
                     # this, a fetch in that gap made the prediction lose what the successor had.
-                    for sample in _settled_reads(samplers[0], [b for b in cluster.brokers
+                    for sample in settled_reads(samplers[0], [b for b in cluster.brokers
                                                                if b != broker and state.get(b) == "up"], producers):
                         sample.ts_us = rec.faults[-1][0] - 1
                         rec.samples.append(sample)
@@ -613,7 +613,7 @@ class ResilientProducer:
 SETTLE_MS, SETTLE_MAX_MS = 100, 1000
 
 
-def _settled_reads(sampler: Sampler, brokers: list[int], producers) -> list[Sample]:
+def settled_reads(sampler: Sampler, brokers: list[int], producers) -> list[Sample]:
     """The brokers' samples once two reads SETTLE_MS apart give the same log ends (or at SETTLE_MAX_MS)."""
     deadline = _now_us() + SETTLE_MAX_MS * 1000
     last = [s for s in (sampler.read(b) for b in brokers) if s is not None]

@@ -1,9 +1,9 @@
-"""The recorder's reads of the followers' log ends after a crash or an isolation (`testbed.record._settled_reads`):
+"""The recorder's reads of the followers' log ends after a crash or an isolation (`testbed.record.settled_reads`):
 read again every SETTLE_MS until two reads agree, for at most SETTLE_MAX_MS. No cluster: a scripted sampler."""
 
 from __future__ import annotations
 
-from testbed.record import SETTLE_MAX_MS, SETTLE_MS, Sample, _settled_reads
+from testbed.record import SETTLE_MAX_MS, SETTLE_MS, Sample, settled_reads
 
 
 class ScriptedSampler:
@@ -23,13 +23,13 @@ class ScriptedSampler:
 
 def test_reads_until_two_agree_and_keeps_the_settled_log_ends():
     sampler = ScriptedSampler({1: [10, 15, 15, 99], 2: [7], 3: None})  # broker 1 still appending a fetch
-    got = _settled_reads(sampler, [1, 2, 3], producers=[])
+    got = settled_reads(sampler, [1, 2, 3], producers=[])
     assert [(s.broker, s.leo[("t", 0)]) for s in got] == [(1, 15), (2, 7)]
     assert sampler.reads == {1: 3, 2: 3, 3: 0}  # stopped at the first agreement: the 99 is never read
 
 
 def test_gives_up_after_the_longest_wait_with_the_last_read():
     sampler = ScriptedSampler({1: list(range(1000))})  # never settles
-    got = _settled_reads(sampler, [1], producers=[])
+    got = settled_reads(sampler, [1], producers=[])
     assert len(got) == 1 and got[0].leo[("t", 0)] == sampler.reads[1] - 1
     assert 2 <= sampler.reads[1] <= SETTLE_MAX_MS // SETTLE_MS + 1
