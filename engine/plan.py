@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from replay.policies import Policy
 
 #: Draws the policy runs' plots for their MLflow runs: (runs, lakehouse, window series, latency quantiles,
-#: window_us, duration_us) -> (run_id, {artifact name: matplotlib figure}) for each run, one run at a time;
+#: window_us, duration_us) -> (run_id, {artifact name: PNG bytes}) for each run;
 #: `report.figures.run_figures` is the one in use.
 RunFigures = Callable[..., Iterable[tuple[str, dict[str, Any]]]]
 

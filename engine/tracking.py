@@ -307,7 +307,7 @@ class ReplayTracker:
     run_ids: dict[str, str] = field(default_factory=dict)
     manifest: Manifest | None = None
     ended: bool = False
-    #: Draws each run's plots (artifact name -> matplotlib figure); None logs no plots
+    #: Draws each run's plots (artifact name -> PNG bytes); None logs no plots
     figures: RunFigures | None = None
 
     @property
@@ -422,12 +422,17 @@ class ReplayTracker:
                 self.client.log_artifact(mlflow_id, str(path), folder)
 
     def _log_plots(self, lakehouse, series, quantiles, window_us: int, duration_us: int) -> None:
-        # The figures come from the caller (`report.figures.run_figures`): drawing is the report floor's job.
+        # The plots come from the caller (`report.figures.run_figures`): drawing is the report floor's job.
         if self.figures is None:
             return
-        for run_id, figures in self.figures(self.runs, lakehouse, series, quantiles, window_us, duration_us):
-            for artifact, fig in figures.items():
-                self.client.log_figure(self.run_ids[run_id], fig, artifact)
+        with tempfile.TemporaryDirectory(prefix="replab-plots-") as tmp:
+            for run_id, pngs in self.figures(self.runs, lakehouse, series, quantiles, window_us, duration_us):
+                folder = Path(tmp) / run_id
+                for artifact, png in pngs.items():
+                    path = folder / artifact
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(png)
+                self.client.log_artifacts(self.run_ids[run_id], str(folder))  # keeps `plots/...` as named
 
 
 def _metric(key: str, value: float, timestamp_ms: int, step: int = 0):

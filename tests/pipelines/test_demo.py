@@ -5,6 +5,8 @@ Run in-process through the CLI entry point, so it shares the session's SparkSess
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.spark
@@ -43,6 +45,15 @@ def test_demo_writes_lakehouse_experiment_and_report(spark, tmp_path, capsys):
     assert {r.info.status for r in policy_runs} == {"FINISHED"}
     assert {r.info.run_id for r in policy_runs} == {r.mlflow_run_id for r in runs}
     assert all("acked_lost" in r.data.metrics and "availability" in r.data.metrics for r in policy_runs)
+    # Each run's three plots (drawn in worker processes: 15 runs), each its own (titled with its policy).
+    from report.figures import RUN_PLOTS
+
+    pngs = []
+    for r in policy_runs:
+        assert sorted(a.path for a in client.list_artifacts(r.info.run_id, "plots")) == sorted(RUN_PLOTS)
+        folder = Path(client.download_artifacts(r.info.run_id, "plots", str(tmp_path / r.info.run_id)))
+        pngs += [(folder / Path(name).name).read_bytes() for name in RUN_PLOTS]
+    assert all(png[:8] == b"\x89PNG\r\n\x1a\n" for png in pngs) and len(set(pngs)) == len(pngs)
 
     # Report: the HTML and the CSV name every preset.
     html = (layout.report / "report.html").read_text()
