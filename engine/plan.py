@@ -50,6 +50,8 @@ class ReplayReport:
     output_gate_report: str | None = None
     #: How to name each policy in tables (default: its canonical string)
     labels: list[str] | None = None
+    #: The window series and latency quantiles logged to MLflow (storage.report_data.RunViews), for a report
+    views: Any = None
 
     def summary_json(self) -> list[dict[str, Any]]:
         """SPEC §6.1: one object per policy in --policy order: policy, run_id and every run_summary field."""

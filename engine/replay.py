@@ -299,7 +299,7 @@ def finish_tracker(tracker: ReplayTracker | None, report: ReplayReport, lakehous
     step("MLflow")
     tracker.finish(report, lakehouse, window_ms=request.window_ms, trace_dir=trace_dir,
                    gate_reports=[p for p in gate_reports if p])
-    report.mlflow, report.experiment = tracker.run_ids, tracker.experiment_name
+    report.mlflow, report.experiment, report.views = tracker.run_ids, tracker.experiment_name, tracker.views
 
 
 def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:

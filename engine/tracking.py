@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from engine.plan import PolicyRun, RunFigures
     from schemas.trace import Manifest
+    from storage.report_data import RunViews
 
 # Before mlflow is imported anywhere through this module: no usage telemetry from a data pipeline.
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
@@ -309,6 +310,8 @@ class ReplayTracker:
     ended: bool = False
     #: Draws each run's plots (artifact name -> PNG bytes); None logs no plots
     figures: RunFigures | None = None
+    #: The window series and latency quantiles `finish` logged (storage.report_data.RunViews), for the report
+    views: RunViews | None = None
 
     @property
     def tracking_uri(self) -> str:
@@ -389,6 +392,7 @@ class ReplayTracker:
         window_us = int(window_ms) * 1000
         series = report_data.window_series(lakehouse, ids, window_us)
         quantiles = report_data.latency_quantiles(lakehouse, ids)
+        self.views = report_data.RunViews(Path(lakehouse.root).resolve(), tuple(ids), window_us, series, quantiles)
         validations = report_data.report_paths(lakehouse, self.trace_id, ids)
         summaries = {s["run_id"]: s for s in report.summary_json()}
         duration_us = int(self.manifest.duration_us) if self.manifest is not None else int(

@@ -196,7 +196,8 @@ def run_demo(spark, out: str | Path = "demo", *, scenario: str | None = None, sc
             names = {policy.canonical(): preset.name for preset, policy in all_presets()}
             replay.labels = [names.get(r.canonical, r.canonical) for r in replay.runs]
         with steps.step("report", "comparison report"):
-            report_html = build_report(replay.experiment or trace_id, layout.report, layout.tracking_uri)
+            report_html = build_report(replay.experiment or trace_id, layout.report, layout.tracking_uri,
+                                       views=[replay.views] if replay.views is not None else [])
 
     return DemoResult(layout, trace_id, generated.events, replay.quarantined, replay.experiment or trace_id,
                       Path(report_html), replay, steps.seconds, steps.detail_seconds, skipped)

@@ -252,8 +252,9 @@ def _fmt(value: float | None, fmt: str, name: str = "") -> str:
     return fmt.format(value)
 
 
-def _lakehouse_plots(cmp: Comparison, data: dict[str, Any]) -> dict[str, Any]:
-    """Latency CDF, loss timeline and the worst policy's partition timeline from the lakehouse(s)."""
+def _lakehouse_plots(cmp: Comparison, data: dict[str, Any], views: Sequence[Any] = ()) -> dict[str, Any]:
+    """Latency CDF, loss timeline and the worst policy's partition timeline from the lakehouse(s). `views`
+    (storage.report_data.RunViews) stand in for the window series and latency quantiles of the runs they cover."""
     from report import plots
     from storage import report_data
     from storage.lakehouse import Lakehouse
@@ -277,6 +278,11 @@ def _lakehouse_plots(cmp: Comparison, data: dict[str, Any]) -> dict[str, Any]:
         window_us = window_ms * 1000 if window_ms else report_data.window_us_of(lakehouse, ids)
         if window_us:
             windows.add(window_us)
+        view = next((v for v in views if v.covers(root, ids, window_us)), None)
+        if view is not None:  # computed by the replay of these runs a moment ago, from these tables
+            quantiles.append(view.quantiles_of(ids))
+            series.append(view.series_of(ids))
+            continue
         quantiles.append(report_data.latency_quantiles(lakehouse, ids))
         series.append(report_data.window_series(lakehouse, ids, window_us))
     labels = [r.label for r in cmp.results if r.lakehouse is not None]
@@ -348,8 +354,10 @@ def _mlflow_timeline(client, cmp: Comparison, data: dict[str, Any]):
     return plots.loss_timeline(frame, [r.label for r in cmp.results], window_s=window_ms / 1000)
 
 
-def figures_for(client, cmp: Comparison, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The PNG plots by file name; `data` (if given) receives each plot's frame, for the interactive charts."""
+def figures_for(client, cmp: Comparison, data: dict[str, Any] | None = None,
+                views: Sequence[Any] = ()) -> dict[str, Any]:
+    """The PNG plots by file name; `data` (if given) receives each plot's frame, for the interactive charts;
+    `views`: see `_lakehouse_plots`."""
     from report import plots
 
     data = {} if data is None else data
@@ -364,7 +372,7 @@ def figures_for(client, cmp: Comparison, data: dict[str, Any] | None = None) -> 
     figures: dict[str, Any] = {"pareto.png": plots.pareto(points, title=f"Durability against latency: "
                                                                         f"{cmp.experiment}")}
     data["pareto.png"] = points
-    figures.update(_lakehouse_plots(cmp, data))
+    figures.update(_lakehouse_plots(cmp, data, views))
     if "loss_timeline.png" not in figures:
         timeline = _mlflow_timeline(client, cmp, data)
         if timeline is not None:
@@ -499,10 +507,11 @@ def default_out_dir(experiment: str) -> Path:
 
 
 def build_report(experiment: str, out_dir: str | Path | None = None, tracking_uri: str | None = None, *,
-                 console: Any | None = None) -> Path:
+                 console: Any | None = None, views: Sequence[Any] = ()) -> Path:
     """Write comparison.csv, the plots and report.html for the experiment, log them to MLflow; the HTML path.
 
-    With a rich `console`, the comparison table and verdicts are printed there too.
+    With a rich `console`, the comparison table and verdicts are printed there too. `views`
+    (storage.report_data.RunViews, from the replay just run) spare the lakehouse queries of the runs they cover.
     """
     from report import plots
 
@@ -512,7 +521,7 @@ def build_report(experiment: str, out_dir: str | Path | None = None, tracking_ur
     out.mkdir(parents=True, exist_ok=True)
     comparison_frame(cmp).to_csv(out / "comparison.csv", index=False, quoting=csv.QUOTE_MINIMAL)
     images, data = {}, {}
-    for name, fig in figures_for(client, cmp, data).items():
+    for name, fig in figures_for(client, cmp, data, views).items():
         images[name] = plots.png_bytes(fig)
         (out / name).write_bytes(images[name])
     # SPEC §12: the testbed's cases of the same tracking store, predicted beside observed.

@@ -8,6 +8,8 @@ run, a few thousand timeline points. Nothing per message reaches the driver.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +22,29 @@ PERCENTILE_ACCURACY = 10_000
 
 WINDOW_COLUMNS = ["run_id", "window", "window_start_us", "produced", "acked", "acked_lost", "unavailable_us",
                   "ack_latency_p99_ms"]
+
+
+@dataclass(frozen=True)
+class RunViews:
+    """`window_series` and `latency_quantiles` of some runs of one lakehouse, as the replay that wrote those runs
+    computed them for its MLflow runs. The comparison report that follows in the same process (`make demo`) takes
+    them instead of querying the same tables again (two Spark queries over every outcome)."""
+
+    lakehouse: Path  # resolved
+    run_ids: tuple[str, ...]
+    window_us: int
+    series: pd.DataFrame
+    quantiles: pd.DataFrame
+
+    def covers(self, lakehouse: str | Path, run_ids: Sequence[str], window_us: int | None) -> bool:
+        return (Path(lakehouse).resolve() == self.lakehouse and window_us == self.window_us
+                and set(run_ids) <= set(self.run_ids))
+
+    def series_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        return self.series[self.series["run_id"].isin(list(run_ids))].reset_index(drop=True)
+
+    def quantiles_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        return self.quantiles[self.quantiles["run_id"].isin(list(run_ids))].reset_index(drop=True)
 
 
 def window_us_of(lakehouse, run_ids: Sequence[str]) -> int | None:

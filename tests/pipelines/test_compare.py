@@ -96,3 +96,37 @@ def test_unknown_experiment_is_bad_input(k2_mlflow_replay, tmp_path, capsys):
     assert len(err) == 1 and "no MLflow experiment named 'no-such-trace'" in err[0]
     assert "k2-acks1-leader-crash" in err[0]  # the experiments that do exist are listed
     assert not (tmp_path / "x").exists()
+
+
+def test_the_replays_views_stand_in_for_the_lakehouse_queries_of_the_runs_they_cover(k2_mlflow_replay):
+    """`make demo` hands the report the window series and latency quantiles its MLflow step computed
+    (ReplayReport.views): they equal the lakehouse's, the report takes them for the runs they cover, and views of
+    other runs or another window length are not taken."""
+    from dataclasses import replace
+
+    from report.compare import compare, figures_for
+
+    replay = k2_mlflow_replay
+    views = replay.report.views
+    assert views is not None and set(views.run_ids) == {r.run_id for r in replay.report.runs}
+    client = MlflowClient(tracking_uri=replay.tracking_uri)
+    cmp = compare(client, replay.experiment)
+
+    def plotted(view_list) -> tuple[pd.DataFrame, pd.DataFrame]:
+        data: dict = {}
+        figures_for(client, cmp, data, view_list)
+        q = data["latency_cdf.png"].sort_values(["run_id", "quantile"]).reset_index(drop=True)
+        s = data["loss_timeline.png"][0].sort_values(["run_id", "window"]).reset_index(drop=True)
+        return q, s
+
+    queried_q, queried_s = plotted([])
+    given_q, given_s = plotted([views])
+    pd.testing.assert_frame_equal(given_q, queried_q)
+    pd.testing.assert_frame_equal(given_s, queried_s)
+    assert len(queried_q) and len(queried_s)
+
+    tenfold = replace(views, quantiles=views.quantiles.assign(latency_ms=views.quantiles["latency_ms"] * 10))
+    used_q, _ = plotted([tenfold])
+    assert (used_q["latency_ms"] == queried_q["latency_ms"] * 10).all()
+    for other in (replace(tenfold, run_ids=("another-run",)), replace(tenfold, window_us=tenfold.window_us * 2)):
+        pd.testing.assert_frame_equal(plotted([other])[0], queried_q)
