@@ -22,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: Fewer jobs than this are drawn in this process: starting the workers costs about four plots' time.
@@ -66,8 +67,11 @@ class Renderer:
 
     def __enter__(self) -> Renderer:
         if self.parallel:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            command = [sys.executable, "-m", "report.render", str(os.getpid())]
+            # The folder this `report` package was imported from, then this process's import path; -P: no working
+            # directory in front of them (a `report` folder there would shadow this package in the worker).
+            home = str(Path(__file__).resolve().parent.parent)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([home, *(p for p in sys.path if p)])}
+            command = [sys.executable, "-P", "-m", "report.render", str(os.getpid())]
             self._procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                            for _ in range(self.workers)]
         return self
@@ -123,12 +127,14 @@ def _serve() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != int(sys.argv[1]):  # the parent died before prctl
             sys.exit(1)
+    results = sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever a library prints must not corrupt the pickle
     import report.plots  # noqa: F401  (matplotlib and pandas, while the parent prepares the jobs)
 
     jobs = pickle.load(sys.stdin.buffer)
     pngs = [png_of(job) for job in jobs]
-    sys.stdout.buffer.write(pickle.dumps(pngs, protocol=pickle.HIGHEST_PROTOCOL))
-    sys.stdout.buffer.flush()
+    results.write(pickle.dumps(pngs, protocol=pickle.HIGHEST_PROTOCOL))
+    results.flush()
 
 
 if __name__ == "__main__":

@@ -86,3 +86,13 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_report_folder_in_the_working_directory_does_not_shadow_the_package(tmp_path, monkeypatch):
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "__init__.py").write_text("raise ImportError('the wrong report package')\n")
+    monkeypatch.chdir(tmp_path)
+    jobs = _jobs(MIN_PARALLEL_JOBS)
+    with Renderer(len(jobs), workers=2) as renderer:
+        assert renderer.parallel
+        assert renderer.render(jobs) == [png_of(job) for job in jobs]
