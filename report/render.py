@@ -16,6 +16,7 @@ ends (also on error), and each asks Linux to kill it should this process die fir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -83,7 +84,9 @@ class Renderer:
             proc.wait()
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None and not pipe.closed:
-                    pipe.close()
+                    # A batch half-written to a worker that died has nowhere to be flushed to.
+                    with contextlib.suppress(OSError):
+                        pipe.close()
         self._procs = []
 
     def render(self, jobs: Sequence[FigureJob]) -> list[bytes]:
@@ -108,12 +111,6 @@ class Renderer:
             out[i::n] = pickle.loads(data)
         self.__exit__()  # the workers are done: a later `render` of this Renderer draws in this process
         return out
-
-
-def render_pngs(jobs: Sequence[FigureJob]) -> list[bytes]:
-    """PNG bytes of each job, in order, on every core when there are enough of them."""
-    with Renderer(len(jobs)) as renderer:
-        return renderer.render(jobs)
 
 
 def _serve() -> None:
