@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from replay.families import Layout
     from replay.policies import Policy
+    from storage.report_data import RunViews
 
 #: Draws the policy runs' plots for their MLflow runs: (runs, lakehouse, window series, latency quantiles,
 #: window_us, duration_us) -> (run_id, {artifact name: PNG bytes}) for each run;
@@ -50,8 +51,8 @@ class ReplayReport:
     output_gate_report: str | None = None
     #: How to name each policy in tables (default: its canonical string)
     labels: list[str] | None = None
-    #: The window series and latency quantiles logged to MLflow (storage.report_data.RunViews), for a report
-    views: Any = None
+    #: The window series and latency quantiles logged to MLflow, for a report that follows
+    views: RunViews | None = None
 
     def summary_json(self) -> list[dict[str, Any]]:
         """SPEC §6.1: one object per policy in --policy order: policy, run_id and every run_summary field."""
