@@ -17,7 +17,7 @@ from expectations.trace_gate import FATAL, QUARANTINE, RULES, check_trace_rules,
 from pipelines.cli import main
 from schemas.errors import BadInput
 from schemas.tables import TABLES
-from storage.lakehouse import Lakehouse, RunRecord
+from storage.lakehouse import Lakehouse
 from storage.trace_loader import read_events_spark
 
 pytestmark = pytest.mark.spark
@@ -73,16 +73,18 @@ def table_versions(root: Path) -> dict[str, int | None]:
 
 @pytest.fixture(scope="module")
 def populated_lakehouse(spark, tmp_path_factory) -> Path:
-    """A lakehouse with one succeeded synthetic run and a passed gate, so every table has versions."""
-    from tests.pipelines.synthetic import make_run, run_tables
-
+    """A lakehouse where every table has a version (created in one pass) and a passed gate of a trace with the
+    same trace_id left rows in `validations` and `quarantine`: the rows a refused trace must not replace.
+    (A replay published into it as well took a minute of a loaded worker and checked nothing more: a fatal trace
+    must commit to no table, and any commit shows as a new version, empty table or not.)"""
     root = tmp_path_factory.mktemp("gate") / "lakehouse"
     lh = Lakehouse(root, spark)
-    run = make_run("previous-run", 3, n_messages=60)
-    lh.publish_runs([RunRecord("previous-run", "synthetic-trace", "synthetic", "synthetic")],
-                    run_tables(spark, run))
     trace = make_trace(root.parent / "good", GOOD + "70,replicate,1,,,,,60\n65,replicate,1,,,,,4\n")
-    run_trace_gate(spark, trace, lh, run_ids=["previous-run"])
+    _, result = run_trace_gate(spark, trace, lh, run_ids=["previous-run"])
+    assert result.success and result.quarantined == 1
+    assert lh.read("validations").count() == 1 and lh.read("quarantine").count() == 1
+    assert None not in table_versions(root).values()
+    result.report.release()
     return root
 
 
