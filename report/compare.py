@@ -26,11 +26,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from engine import tracking
+
+if TYPE_CHECKING:
+    from storage.report_data import RunViews
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +255,9 @@ def _fmt(value: float | None, fmt: str, name: str = "") -> str:
     return fmt.format(value)
 
 
-def _lakehouse_plots(cmp: Comparison, data: dict[str, Any], views: Sequence[Any] = ()) -> dict[str, Any]:
+def _lakehouse_plots(cmp: Comparison, data: dict[str, Any], views: Sequence[RunViews] = ()) -> dict[str, Any]:
     """Latency CDF, loss timeline and the worst policy's partition timeline from the lakehouse(s). `views`
-    (storage.report_data.RunViews) stand in for the window series and latency quantiles of the runs they cover."""
+    stand in for the window series and latency quantiles of the runs they cover."""
     from report import plots
     from storage import report_data
     from storage.lakehouse import Lakehouse
@@ -355,7 +358,7 @@ def _mlflow_timeline(client, cmp: Comparison, data: dict[str, Any]):
 
 
 def figures_for(client, cmp: Comparison, data: dict[str, Any] | None = None,
-                views: Sequence[Any] = ()) -> dict[str, Any]:
+                views: Sequence[RunViews] = ()) -> dict[str, Any]:
     """The PNG plots by file name; `data` (if given) receives each plot's frame, for the interactive charts;
     `views`: see `_lakehouse_plots`."""
     from report import plots
@@ -507,7 +510,7 @@ def default_out_dir(experiment: str) -> Path:
 
 
 def build_report(experiment: str, out_dir: str | Path | None = None, tracking_uri: str | None = None, *,
-                 console: Any | None = None, views: Sequence[Any] = ()) -> Path:
+                 console: Any | None = None, views: Sequence[RunViews] = ()) -> Path:
     """Write comparison.csv, the plots and report.html for the experiment, log them to MLflow; the HTML path.
 
     With a rich `console`, the comparison table and verdicts are printed there too. `views`
