@@ -136,31 +136,33 @@ class UnitReplay:
         return np.where(idx >= 0, local[np.maximum(idx, 0)] if len(local) else -1, -1)
 
     def _events(self, t: pa.Table) -> PartitionEvents:
-        kind = t.column("kind_code").to_numpy(zero_copy_only=False).astype(np.int8)
+        # Each column is read once as numpy and split by kind; only the key (a string) is filtered in Arrow.
+        kind = t.column("kind_code").to_numpy().astype(np.int8)
         prod = kind == Kind.PRODUCE
-        ts = t.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
-        pt = t.filter(pa.array(prod))
-        bt = t.filter(pa.array(~prod))
+        broker = ~prod
 
-        def col(tab, name, fill=0):
-            return pc.fill_null(tab.column(name), fill).to_numpy(zero_copy_only=False).astype(np.int64)
+        def col(name: str, fill: int = 0) -> np.ndarray:
+            return pc.fill_null(t.column(name), fill).to_numpy().astype(np.int64)
 
+        ts = col("ts_us")
         return PartitionEvents(
-            ts[prod], col(pt, "msg_id"), col(pt, "size_bytes"), ts[~prod], kind[~prod], col(bt, "broker", -1),
-            col(bt, "upto_us"),
+            ts[prod], col("msg_id")[prod], col("size_bytes")[prod], ts[broker], kind[broker],
+            col("broker", -1)[broker], col("upto_us")[broker],
             # carried untouched to the outputs; "part" and "delay" are also read by the RocketMQ engines
-            payload={"pid": col(pt, "producer_id", -1), "part": col(pt, "partition", -1),
-                     "delay": col(pt, "delay_us", 0), "keyid": self._key_ids(pt.column("key").combine_chunks())},
+            payload={"pid": col("producer_id", -1)[prod], "part": col("partition", -1)[prod],
+                     "delay": col("delay_us")[prod],
+                     "keyid": self._key_ids(t.column("key").filter(pa.array(prod)).combine_chunks())},
         )
 
     def feed(self, chunk: pa.Table) -> None:
         """Events of this group, in time order, possibly continuing the last instant of the previous chunk."""
         if self.held is not None:
             chunk = pa.concat_tables([self.held, chunk])
-        ts = chunk.column("ts_us")
-        last = pc.max(ts).as_py()
-        cut = pc.less(ts, last)
-        ready, self.held = chunk.filter(cut), chunk.filter(pc.invert(cut))
+        # The group's rows arrive sorted by time: the last instant is a suffix, held back whole (zero-copy slices).
+        ts = chunk.column("ts_us").to_numpy()
+        last = int(ts[-1])
+        cut = int(np.searchsorted(ts, last, side="left"))
+        ready, self.held = chunk.slice(0, cut), chunk.slice(cut)
         if ready.num_rows:
             events = self._events(ready)
             for _, k in self.kernels:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replay.policies import Assignment
 from schemas.errors import BadInput
@@ -15,19 +16,31 @@ _M = np.uint32(0x5BD1E995)
 _SEED = np.uint32(0x9747B28C)
 
 
-def _key_matrix(keys: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [(k or "").encode("utf-8") for k in keys]
-    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
-    width = int(((lengths.max() if len(lengths) else 0) + 3) // 4 * 4) or 4
-    buf = np.zeros((len(encoded), width), dtype=np.uint8)
-    for i, b in enumerate(encoded):  # copies bytes only; the hashing below is vectorized
-        buf[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+def _key_matrix(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Each key's UTF-8 bytes as a zero-padded row (width a multiple of 4), read from the Arrow string buffers
+    (no Python loop per key); a null key is empty."""
+    keys = keys.cast(pa.large_string())
+    n = len(keys)
+    valid = keys.is_valid().to_numpy(zero_copy_only=False)
+    _, offsets_buf, data_buf = keys.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[keys.offset: keys.offset + n + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+    lengths = np.where(valid, np.diff(offsets), 0)
+    width = int(((lengths.max() if n else 0) + 3) // 4 * 4) or 4
+    buf = np.zeros((n, width), dtype=np.uint8)
+    total = int(lengths.sum())
+    if total:
+        rows = np.repeat(np.arange(n), lengths)
+        col = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # byte index within its key
+        buf[rows, col] = data[offsets[:-1][rows] + col]
     return buf, lengths
 
 
-def murmur2(keys: list[str | None]) -> np.ndarray:
+def murmur2(keys: pa.Array | list[str | None]) -> np.ndarray:
     """Kafka's `Utils.murmur2` of each key's UTF-8 bytes, as int32 (seed 0x9747b28c)."""
-    if not keys:
+    if not isinstance(keys, pa.Array):
+        keys = pa.array(keys, pa.string())
+    if len(keys) == 0:
         return np.zeros(0, dtype=np.int32)
     buf, lengths = _key_matrix(keys)
     n = len(keys)
@@ -55,7 +68,7 @@ def murmur2(keys: list[str | None]) -> np.ndarray:
     return h.view(np.int32)
 
 
-def kafka_partition_for_keys(keys: list[str | None], partitions: int) -> np.ndarray:
+def kafka_partition_for_keys(keys: pa.Array | list[str | None], partitions: int) -> np.ndarray:
     """`toPositive(murmur2(key)) % partitions` (SPEC §3.2 rule 1); meaningful for keyed messages only."""
     return ((murmur2(keys).view(np.uint32) & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32)
 
@@ -73,11 +86,11 @@ def kafka_route(keys: pa.Array | pa.ChunkedArray, msg_rank: np.ndarray, partitio
     if len(keys) == 0 or keys.null_count == len(keys):
         return out
     encoded = keys.dictionary_encode()
-    distinct = encoded.dictionary.to_pylist()
+    distinct = encoded.dictionary
     by_key = kafka_partition_for_keys(distinct, partitions)
     idx = encoded.indices.to_numpy(zero_copy_only=False)
     valid = ~np.asarray(encoded.indices.is_null().to_numpy(zero_copy_only=False))
-    nonempty = np.array([k != "" for k in distinct], dtype=bool)
+    nonempty = pc.binary_length(distinct).to_numpy(zero_copy_only=False) > 0
     keyed = valid.copy()
     keyed[valid] = nonempty[idx[valid].astype(np.int64)]
     out[keyed] = by_key[idx[keyed].astype(np.int64)]

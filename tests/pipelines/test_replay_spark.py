@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,28 @@ def test_a_large_replay_spreads_its_groups_over_more_tasks_than_shuffle_partitio
     assert replay_tasks(25, 10 * TASK_OUTCOMES, 4) == 10
     assert replay_tasks(3, 0, 4) == 3  # never more tasks than groups
     assert replay_tasks(1, 0, 0) == 1
+
+
+@pytest.mark.parametrize("duration_us", [1_000_000, 2**61], ids=["exact", "coarsened"])
+def test_the_sort_prefix_never_decreases_along_the_group_order(spark, duration_us):
+    """The packed (cls, unit, ts_us, kind_code) Spark sorts first: sorting by it and then GROUP_ORDER is sorting by
+    GROUP_ORDER, for times outside the trace too (clamped: their ties go to the full comparison), and when the
+    packed number needs a coarser clock."""
+    from types import SimpleNamespace
+
+    from engine.replay import GROUP_ORDER, sort_prefix
+
+    rng = np.random.default_rng(7)
+    n = 4000
+    times = np.concatenate([rng.integers(-5, 5, n // 4), rng.integers(duration_us - 5, duration_us + 5, n // 4),
+                            rng.integers(0, duration_us, n // 2)])
+    rows = [(int(c), int(u), int(t), int(k), int(m), int(b)) for c, u, t, k, m, b in zip(
+        rng.integers(0, 3, n), rng.integers(0, 12, n), times, rng.integers(0, 9, n), rng.integers(0, 50, n),
+        rng.integers(0, 6, n), strict=True)]
+    df = spark.createDataFrame(rows, "cls INT, unit INT, ts_us BIGINT, kind_code TINYINT, msg_id BIGINT, broker INT")
+    classes = [SimpleNamespace(index=i, units=tuple(range(12))) for i in range(3)]
+    prefix = sort_prefix(classes, duration_us)
+    assert [tuple(r) for r in df.coalesce(1).sortWithinPartitions(prefix, *GROUP_ORDER).collect()] == sorted(rows)
+    keyed = sorted((tuple(r)[:6], r["p"]) for r in df.withColumn("p", prefix).collect())
+    assert all(a[1] <= b[1] for a, b in pairwise(keyed))  # never decreases
+    assert len({p for _, p in keyed}) > n // 2  # and tells most rows apart (the point of it)
