@@ -96,9 +96,9 @@ def get_spark(
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
-        # Any other value makes Spark re-measure the Arrow batch being built after every row it adds for a
-        # mapInArrow (BatchedPythonArrowInput.writeSizedBatch: each vector's buffer sizes), 9 % of the JVM's
-        # samples in a replay; Int.MaxValue turns the check off. Batches stay bounded by the row count above.
+        # Any other value makes Spark re-measure the Arrow batch it is building for a mapInArrow after every row
+        # it adds (BatchedPythonArrowInput.writeSizedBatch sums each vector's buffer sizes); Int.MaxValue turns
+        # the check off. Batches stay bounded by the row count above.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
         "spark.sql.execution.pythonUDF.arrow.enabled": "true",
         # transformWithStateInPandas needs RocksDB (the default store cannot hold several column families).
