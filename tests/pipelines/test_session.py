@@ -22,6 +22,8 @@ def test_local_settings(spark):
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    # Int.MaxValue is the one value for which Spark skips re-measuring each mapInArrow batch after every row
+    assert int(spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch").rstrip("b")) == 2**31 - 1
 
 
 def test_every_table_schema_parses(spark):
