@@ -4,9 +4,13 @@ How a rule is checked: `annotate()` adds one boolean column per rule to the even
 definition, `expectations.trace_rules.TraceRules` (Arrow, numpy), in `mapInArrow` tasks that see each broker's
 rows in (ts_us, SPEC §2.2 same-instant kind order, file, row) order; one Spark job counts each rule's flagged
 rows and keeps the first ones in file/row order, and the GX suite holds one expectation per rule asserting that
-its count is 0. The quarantine split uses the very same columns. Fatal rules are GX severity `critical`,
-quarantine rules `warning`; the column checks (missing column, wrong type) are GX expectations over the
-columns' types that run first, since nothing else can be computed without the columns.
+its count is 0. A small trace (a CSV, or Parquet of at most `LOCAL_ROWS` events) has the same columns computed
+on the driver instead, by one `TraceRules` pass over the trace read whole into Arrow, in the same order: below
+that size the Spark tasks' shuffle, sort and Python workers cost several times the rules themselves, and the
+report is the same either way (tests/expectations/test_trace_gate_paths.py). The quarantine split uses the very
+same columns. Fatal rules are GX severity `critical`, quarantine rules `warning`; the column checks (missing
+column, wrong type) are GX expectations over the columns' types that run first, since nothing else can be
+computed without the columns.
 
 Broker state, as the replay sees it (SPEC §2.2): every broker starts up and not isolated; crash, power_loss,
 disk_loss and shutdown take it down, restart brings it back; isolate cuts it off until heal (a crash does not
@@ -47,6 +51,12 @@ EVENT_NAMES: tuple[str, ...] = tuple(n for n, _ in EVENT_COLUMNS)
 LOCATION = ("_file", "_row")
 #: How many offending rows a rule keeps in the report (GX returns at most 200).
 FIRST_ROWS = runner.PARTIAL_ROWS
+#: A Parquet trace of at most this many events (2**20) has its rule columns computed on the driver: one
+#: `TraceRules` pass over one Arrow table, without the shuffle, the sort and the Python workers of the Spark tasks,
+#: which cost more than the rules below this size (README, Performance: the trace gate; 1 M events: 3.5-4 s
+#: against 7-9 s in a warm session). It costs the driver's Python about 250 bytes per event at its peak (0.27 GB
+#: more at 1 M events), so larger traces stay in Spark tasks, where the driver's memory does not bound them.
+LOCAL_ROWS = 1 << 20
 
 _SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString
 
@@ -79,6 +89,8 @@ class TraceRuleReport:
     annotated: Any = None
     #: The annotated rows that break at least one rule (persisted; usually few or none).
     violations: Any = None
+    #: Where the rule columns were computed: "spark" (tasks) or "driver" (a small trace, `LOCAL_ROWS`).
+    checked_on: str = "spark"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -177,10 +189,29 @@ def _kind_order():
     return F.create_map(*pairs)[F.col("kind")]
 
 
-#: What `annotate` adds to the events (and `_file`/`_row`): one boolean per row rule, `_prev_max_upto_us`, and
-#: `_quarantined` (some quarantine rule broken).
-_ANNOTATION_DDL = ", ".join([f"{r.column} boolean" for r in ROW_RULES]
-                            + ["_prev_max_upto_us bigint", "_quarantined boolean"])
+#: What `annotate` adds to the events (and `_file`/`_row`), (name, Spark type): one boolean per row rule,
+#: `_prev_max_upto_us`, and `_quarantined` (some quarantine rule broken).
+ANNOTATION: tuple[tuple[str, str], ...] = (*((r.column, "boolean") for r in ROW_RULES),
+                                           ("_prev_max_upto_us", "bigint"), ("_quarantined", "boolean"))
+
+
+def _annotation_columns(verdict) -> tuple[list[Any], list[str]]:
+    """The arrays and names of ANNOTATION for one chunk's `ChunkVerdict`."""
+    import pyarrow as pa
+
+    columns = [*[pa.array(verdict.flags[r.name]) for r in ROW_RULES],
+               pa.array(verdict.prev_max_upto, pa.int64(), mask=~verdict.has_prev_max_upto),
+               pa.array(verdict.quarantine)]
+    return columns, [name for name, _ in ANNOTATION]
+
+
+def _annotated_schema(events_df):
+    """The schema of `annotate`'s output: the events' columns, then ANNOTATION (a StructType built here: the
+    JVM's DDL parser costs a cold session about half a second)."""
+    from pyspark.sql import types as T
+
+    spark_type = {"boolean": T.BooleanType(), "bigint": T.LongType()}
+    return T.StructType([*events_df.schema.fields, *[T.StructField(n, spark_type[t]) for n, t in ANNOTATION]])
 
 
 def _rule_flags(manifest: Manifest):
@@ -193,12 +224,8 @@ def _rule_flags(manifest: Manifest):
 
         rules = TraceRules(manifest)
         for batch in batches:
-            verdict = rules.check(pa.Table.from_batches([batch]))
-            columns = [*batch.columns, *[pa.array(verdict.flags[r.name]) for r in ROW_RULES],
-                       pa.array(verdict.prev_max_upto, pa.int64(), mask=~verdict.has_prev_max_upto),
-                       pa.array(verdict.quarantine)]
-            names = [*batch.schema.names, *[r.column for r in ROW_RULES], "_prev_max_upto_us", "_quarantined"]
-            yield pa.RecordBatch.from_arrays(columns, names=names)
+            columns, names = _annotation_columns(rules.check(pa.Table.from_batches([batch])))
+            yield pa.RecordBatch.from_arrays([*batch.columns, *columns], names=[*batch.schema.names, *names])
 
     return flags
 
@@ -231,8 +258,7 @@ def annotate(events_df, manifest: Manifest):
                .sortWithinPartitions(F.when(~is_produce, F.col("ts_us")).asc_nulls_first(),
                                      F.when(~is_produce, _kind_order()).asc_nulls_first(),
                                      F.col("_file").asc_nulls_first(), "_row", "upto_us"))
-    schema = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in df.schema.fields)
-    return ordered.mapInArrow(_rule_flags(manifest), f"{schema}, {_ANNOTATION_DDL}")
+    return ordered.mapInArrow(_rule_flags(manifest), _annotated_schema(df))
 
 
 def first_occurrences(events_df, msg_ids: Sequence[int]) -> dict[int, tuple[str | None, int | None]]:
@@ -339,11 +365,78 @@ def _flag_rules(events_df, manifest: Manifest):
     return annotated, violations, counts, rows
 
 
-def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
+def _flag_rules_located(events_df, located, manifest: Manifest):
+    """`_flag_rules` on the driver, for a trace read whole into Arrow (`read_events_located`: the rows of
+    `events_df`, located alike, in (file, row) order): one `TraceRules` pass over the one table takes each
+    broker's rows in (ts_us, kind order, file, row) order and the produce rows in (file, row) order, as the
+    Spark tasks do. The rows that break some rule become a small DataFrame (`violations`); `annotated` is
+    `events_df` joined with them (rule columns false elsewhere, `_prev_max_upto_us` null)."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from expectations.trace_rules import TraceRules
+
+    verdict = TraceRules(manifest).check(located)
+    columns, names = _annotation_columns(verdict)
+    events = events_df.select(*EVENT_NAMES, *LOCATION)
+    flagged = np.flatnonzero(verdict.fatal | verdict.quarantine)
+    if len(flagged):
+        rows_of = _plain_files(located.take(flagged).select([*EVENT_NAMES, *LOCATION]))
+        bad = pa.Table.from_arrays([*rows_of.columns, *[c.take(flagged) for c in columns]],
+                                   names=[*rows_of.column_names, *names])
+        violations = events_df.sparkSession.createDataFrame(bad, _annotated_schema(events))
+        marks = violations.select(*LOCATION, *names)
+        annotated = events.join(F.broadcast(marks), on=list(LOCATION), how="left").select(
+            *EVENT_NAMES, *LOCATION,
+            *[F.coalesce(F.col(r.column), F.lit(False)).alias(r.column) for r in ROW_RULES],
+            "_prev_max_upto_us", F.coalesce(F.col("_quarantined"), F.lit(False)).alias("_quarantined"))
+    else:  # the usual case: no row breaks a rule, and no Spark work is needed to say so
+        annotated = events.select(*EVENT_NAMES, *LOCATION, *[
+            (F.lit(None).cast(t) if n == "_prev_max_upto_us" else F.lit(False)).alias(n) for n, t in ANNOTATION])
+        violations = annotated.where(F.lit(False))
+    counts = {r.name: int(verdict.counts[r.name]) for r in ROW_RULES}
+    rows = {}
+    for rule in ROW_RULES:
+        first = np.flatnonzero(verdict.flags[rule.name])[:FIRST_ROWS]
+        prev = columns[names.index("_prev_max_upto_us")].take(first)
+        taken = located.take(first).select([*LOCATION, *EVENT_NAMES]).to_pylist()
+        rows[rule.name] = [row | {"_prev_max_upto_us": p, "_first_file": None, "_first_row": None}
+                           for row, p in zip(taken, prev.to_pylist(), strict=True)]
+    return annotated, violations, counts, rows
+
+
+def _plain_files(table):
+    """`table` with its dictionary-encoded `_file` (`read_events_located`) as plain strings, as Spark has it."""
+    import pyarrow as pa
+
+    return table.set_column(table.schema.get_field_index("_file"), "_file", table["_file"].cast(pa.string()))
+
+
+def first_occurrences_located(located, msg_ids: Sequence[int]) -> dict[int, tuple[str | None, int | None]]:
+    """`first_occurrences` over a `read_events_located` table (rows in (file, row) order)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    produce = pc.fill_null(pc.equal(located["kind"], Kind.PRODUCE.label), False)
+    mine = pc.and_(produce, pc.fill_null(pc.is_in(located["msg_id"], pa.array(msg_ids, pa.int64())), False))
+    first: dict[int, tuple[str | None, int | None]] = {}
+    for r in located.take(np.flatnonzero(mine.to_numpy(zero_copy_only=False))).select(
+            ["msg_id", *LOCATION]).to_pylist():
+        first.setdefault(r["msg_id"], (r["_file"], r["_row"]))
+    return first
+
+
+def check_trace_rules(spark, events_df, manifest: Manifest, *, located=None) -> TraceRuleReport:
     """Run every rule of SPEC §2.3 on `events_df` (the SPEC §2.1 columns, optionally `_file`/`_row`).
 
     Raises nothing for bad data: the report says what broke (see `TraceRuleReport.to_bad_input`). The
     rows that break a rule stay persisted for the quarantine split; `release()` frees them.
+
+    `located`: the same events in Arrow on the driver (`storage.trace_loader.read_events_located`, the rows of
+    `events_df` with its `_file`/`_row`); the rule columns are then computed there, in one `TraceRules` pass,
+    instead of in Spark tasks (`_flag_rules_located`: same rules, same order, same report).
 
     The rule columns are computed in one pass over the events; the rows flagged by some rule (normally none)
     are persisted, and one Spark job counts each rule's rows and keeps the first ones. GX then asserts, one
@@ -361,7 +454,8 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
         schema_check = pool.submit(runner.validate, pd.DataFrame({k: [v] for k, v in types.items()}),
                                    suite_name=SUITE, target="events_schema", expectations=schema_expectations())
         try:
-            flagged: tuple | BaseException = _flag_rules(events_df, manifest)
+            flagged: tuple | BaseException = (_flag_rules(events_df, manifest) if located is None
+                                              else _flag_rules_located(events_df, located, manifest))
         except Exception as exc:  # bad columns make Spark fail; the column checks decide below what it means
             flagged = exc
         try:
@@ -372,7 +466,7 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
             raise
     outcomes = _schema_outcomes(types, schema_result)
     report = TraceRuleReport(manifest.trace_id, manifest.duration_us, manifest.broker_ids, outcomes,
-                             [schema_result])
+                             [schema_result], checked_on="spark" if located is None else "driver")
     if any(o.count for o in outcomes):
         if not isinstance(flagged, BaseException):
             flagged[1].unpersist()
@@ -382,8 +476,9 @@ def check_trace_rules(spark, events_df, manifest: Manifest) -> TraceRuleReport:
         raise flagged
     annotated, violations, counts, rows = flagged
     duplicates = rows["msg-id-duplicate"]
-    if duplicates:  # where each reported duplicate's msg_id was first produced (a small query, on failure only)
-        first = first_occurrences(events_df, sorted({r["msg_id"] for r in duplicates}))
+    if duplicates:  # where each reported duplicate's msg_id was first produced (on failure only)
+        ids = sorted({r["msg_id"] for r in duplicates})
+        first = first_occurrences(events_df, ids) if located is None else first_occurrences_located(located, ids)
         for r in duplicates:
             r["_first_file"], r["_first_row"] = first.get(r["msg_id"], (None, None))
     result = runner.validate(pd.DataFrame({name: [n] for name, n in counts.items()}), suite_name=SUITE,
@@ -426,6 +521,7 @@ def _payload(report: TraceRuleReport | None, *, trace_id: str, run_ids: Sequence
              trace_path: str) -> dict[str, Any]:
     return {
         "suite": SUITE, "trace_id": trace_id, "trace": trace_path, "run_ids": list(run_ids) or None,
+        "checked_on": report.checked_on if report is not None else None,
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
         "success": report.success if report is not None else False,
         "message": message,
@@ -436,7 +532,7 @@ def _payload(report: TraceRuleReport | None, *, trace_id: str, run_ids: Sequence
 
 def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_id: str | None = None,
                    run_ids: Sequence[str] = (), *, reports_root: str | Path | None = None,
-                   defer_validations: bool = False):
+                   defer_validations: bool = False, local_rows: int = LOCAL_ROWS):
     """Validate a trace directory before a replay (SPEC §7).
 
     Returns `(clean_events_df, GateResult)`: the events minus quarantined rows (SPEC §2.1 columns). A fatal
@@ -444,11 +540,12 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     any table. Otherwise the quarantined rows replace this trace's rows in `quarantine` and the gate run lands
     in `validations` (one row per run id, or one trace-level row; `defer_validations`: with the lakehouse's
     next validations write, e.g. the output gate's, in one commit). `lakehouse`: a `storage.lakehouse.
-    Lakehouse`, a root path, or None (no tables; reports under `reports_root` if given).
+    Lakehouse`, a root path, or None (no tables; reports under `reports_root` if given). A CSV trace, or a
+    Parquet trace of at most `local_rows` events, is checked on the driver (`LOCAL_ROWS`).
     """
     from expectations.report import report_dir, write_report
     from storage.lakehouse import Lakehouse
-    from storage.trace_loader import locate, read_events_spark
+    from storage.trace_loader import event_rows, locate, read_events_located, read_events_spark
 
     # Opened without creating tables: a refused trace must not add a table version anywhere (SPEC §2.3).
     lh = Lakehouse(lakehouse, spark=spark, create=False) if isinstance(lakehouse, str | Path) else lakehouse
@@ -463,7 +560,10 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
 
     try:
         tf = trace if isinstance(trace, TraceFiles) else locate(trace)
-        manifest, events = read_events_spark(spark, tf, with_location=True)
+        # A CSV trace is read on the driver in any case (storage.trace_loader).
+        local = local_rows > 0 and (tf.is_csv or (event_rows(tf) or 0) <= local_rows)
+        located = read_events_located(tf) if local else None
+        manifest, events = read_events_spark(spark, tf, with_location=True, located=located)
     except BadInput as exc:
         # Format errors (layout, manifest, columns, types, kinds) are fatal rules too: keep a report of them.
         paths = save(None, trace_id or Path(trace_path).name, str(exc))
@@ -472,7 +572,8 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
                            rule=exc.rule) from exc
         raise
     tid = trace_id or manifest.trace_id
-    report = check_trace_rules(spark, events, manifest)
+    report = check_trace_rules(spark, events, manifest, located=located)
+    del located  # the replay needs only the Spark frame
     report.trace_id = tid
     evaluated, successful = _statistics(report.gx_results)
     unexpected = report.fatal_count + report.quarantine_count

@@ -255,5 +255,5 @@ def _ints(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A column as int64 with nulls as 0, and its null mask."""
     col = table.column(name)
     null = col.is_null().to_numpy(zero_copy_only=False)
-    values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return values, null

@@ -7,8 +7,11 @@ column where int64 is due is an error, not a cast). The validity rules of SPEC �
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -58,7 +61,7 @@ def check_arrow_schema(schema: pa.Schema, *, file: str) -> None:
 def _first_false(mask: pa.ChunkedArray | pa.Array) -> int | None:
     """Index of the first false in a boolean array (nulls count as true), or None."""
     filled = pc.fill_null(mask, True)
-    if pc.all(filled).as_py():
+    if pc.all(filled, min_count=0).as_py():  # min_count=0: an empty file has no false (the default says null)
         return None
     return int(pc.index(filled, False).as_py())
 
@@ -122,22 +125,26 @@ def check_parquet_kinds(fragment) -> None:
     check_kinds(pa.table({"kind": kinds.cast(pa.string())}), file=fragment.path)
 
 
-def read_events_arrow(trace: TraceFiles | str | Path) -> tuple[Manifest, pa.Table]:
-    """Read a (small) trace into one Arrow table without Spark: tests, the reference interpreter, CSV traces."""
-    tf = trace if isinstance(trace, TraceFiles) else locate(trace)
+def _checked_parts(tf: TraceFiles) -> list[tuple[str, pa.Table]]:
+    """Each events file of a trace as (path, Arrow table with EVENT_ARROW_SCHEMA), in path order, format-checked."""
     if tf.is_csv:
         table = _parse_csv(tf.events_path)
         check_kinds(table, file=str(tf.events_path))
-        return tf.manifest, table
-    dataset = pads.dataset(tf.events_path, format="parquet")
+        return [(str(tf.events_path), table)]
     parts = []
-    for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
+    for fragment in sorted(pads.dataset(tf.events_path, format="parquet").get_fragments(), key=lambda f: f.path):
         check_arrow_schema(fragment.physical_schema, file=fragment.path)
         part = fragment.to_table(columns=[n for n, _ in EVENT_COLUMNS])
         check_kinds(part, file=fragment.path)
-        parts.append(part.cast(EVENT_ARROW_SCHEMA))
-    table = pa.concat_tables(parts) if parts else EVENT_ARROW_SCHEMA.empty_table()
-    return tf.manifest, table
+        parts.append((fragment.path, part.cast(EVENT_ARROW_SCHEMA)))
+    return parts
+
+
+def read_events_arrow(trace: TraceFiles | str | Path) -> tuple[Manifest, pa.Table]:
+    """Read a (small) trace into one Arrow table without Spark: tests, the reference interpreter, CSV traces."""
+    tf = trace if isinstance(trace, TraceFiles) else locate(trace)
+    parts = [table for _, table in _checked_parts(tf)]
+    return tf.manifest, pa.concat_tables(parts) if parts else EVENT_ARROW_SCHEMA.empty_table()
 
 
 #: Location columns added by `read_events_spark(..., with_location=True)`: the file and the 1-based row of each
@@ -145,13 +152,15 @@ def read_events_arrow(trace: TraceFiles | str | Path) -> tuple[Manifest, pa.Tabl
 LOCATION_COLUMNS: tuple[str, ...] = ("_file", "_row")
 
 
-def read_events_spark(spark, trace: TraceFiles | str | Path, *, with_location: bool = False):
+def read_events_spark(spark, trace: TraceFiles | str | Path, *, with_location: bool = False,
+                      located: pa.Table | None = None):
     """Read a trace's events as a Spark DataFrame with the exact schema of SPEC §2.1.
 
-    Parquet is checked file by file from its footers (no data scan), then kinds are checked with one Spark
-    query that names the file and row of the first unknown kind. CSV traces are hand-written and small: they
-    are parsed with Arrow (row-exact errors) and handed to Spark as Arrow (no pandas round trip, so int64
-    values with nulls stay exact). `with_location` adds `_file` and `_row` (LOCATION_COLUMNS).
+    Parquet is checked file by file from its footers (no data scan), and its kinds from each file's kind
+    column on the driver (`check_parquet_kinds`). CSV traces are hand-written and small: they are parsed with
+    Arrow (row-exact errors) and handed to Spark as Arrow (no pandas round trip, so int64 values with nulls stay
+    exact); `located`, the trace's `read_events_located` table if the caller has it, spares a second parse.
+    `with_location` adds `_file` and `_row` (LOCATION_COLUMNS).
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -161,13 +170,12 @@ def read_events_spark(spark, trace: TraceFiles | str | Path, *, with_location: b
     tf = trace if isinstance(trace, TraceFiles) else locate(trace)
     names = [n for n, _ in EVENT_COLUMNS]
     if tf.is_csv:
-        _, table = read_events_arrow(tf)
-        schema = event_spark_schema()
-        if with_location:
-            table = table.append_column("_file", pa.array([str(tf.events_path)] * table.num_rows, pa.string()))
-            table = table.append_column("_row", pa.array(range(1, table.num_rows + 1), pa.int64()))
-            schema = T.StructType([*schema.fields, T.StructField("_file", T.StringType()),
-                                   T.StructField("_row", T.LongType())])
+        table = located if located is not None else read_events_located(tf)
+        if not with_location:
+            return tf.manifest, spark.createDataFrame(table.select(names), schema=event_spark_schema())
+        table = table.set_column(table.schema.get_field_index("_file"), "_file", table["_file"].cast(pa.string()))
+        schema = T.StructType([*event_spark_schema().fields, T.StructField("_file", T.StringType()),
+                               T.StructField("_row", T.LongType())])
         return tf.manifest, spark.createDataFrame(table, schema=schema)
     dataset = pads.dataset(tf.events_path, format=_KIND_AS_DICTIONARY)
     for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
@@ -175,8 +183,50 @@ def read_events_spark(spark, trace: TraceFiles | str | Path, *, with_location: b
         check_parquet_kinds(fragment)
     df = spark.read.schema(event_spark_schema()).parquet(str(tf.events_path))
     if with_location:
-        # Local files read as file:///path; show them as plain paths, like the CSV case and the BadInputs above.
-        file_path = F.regexp_replace(F.col("_metadata.file_path"), "^file:(//)?", "")
+        # Spark names a file by its URI (file:///a%20b/…); show the plain path, like the CSV case, the BadInputs
+        # above and `read_events_located`: a small map from each input file's URI to its path.
+        uri = F.regexp_replace(F.col("_metadata.file_path"), _URI_PREFIX, "")
+        file_path = uri
+        if not all(_PLAIN_PATH.fullmatch(f.path) for f in dataset.get_fragments()):
+            paths = [item for u in df.inputFiles() for item in (F.lit(_strip_uri(u)), F.lit(_uri_path(u)))]
+            file_path = F.coalesce(F.create_map(*paths)[uri], uri)
         row = F.col("_metadata.row_index") + 1
         return tf.manifest, df.select(*names, file_path.alias("_file"), row.alias("_row"))
     return tf.manifest, df.select(*names)
+
+
+_URI_PREFIX = "^file:(//)?"
+#: Paths whose URI is the path itself (nothing to percent-encode).
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._=-]*")
+
+
+def _strip_uri(uri: str) -> str:
+    return re.sub(_URI_PREFIX, "", uri)
+
+
+def _uri_path(uri: str) -> str:
+    """The path of a file Spark names by URI (`inputFiles()`, `_metadata.file_path`): percent-decoded, and
+    without the scheme for local files (a '+' stays a '+': URIs do not encode spaces as '+')."""
+    return unquote(_strip_uri(uri))
+
+
+def _located(table: pa.Table, file: str) -> pa.Table:
+    """`table` plus LOCATION_COLUMNS: `file` on every row (dictionary-encoded: one copy of the path, not one per
+    row) and the 1-based data row."""
+    n = table.num_rows
+    files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([file], pa.string()))
+    return table.append_column("_file", files).append_column("_row", pa.array(np.arange(1, n + 1, dtype=np.int64)))
+
+
+def event_rows(tf: TraceFiles) -> int | None:
+    """How many events a Parquet trace holds, from its files' footers (no data read); None for a CSV trace."""
+    if tf.is_csv:
+        return None
+    return sum(f.metadata.num_rows for f in pads.dataset(tf.events_path, format="parquet").get_fragments())
+
+
+def read_events_located(tf: TraceFiles) -> pa.Table:
+    """A trace's events in Arrow on the driver, with LOCATION_COLUMNS as `read_events_spark(...,
+    with_location=True)` has them, in (file, row) order: what the trace gate checks a small trace on."""
+    parts = [_located(table, path) for path, table in _checked_parts(tf)]
+    return pa.concat_tables(parts) if parts else _located(EVENT_ARROW_SCHEMA.empty_table(), "")
