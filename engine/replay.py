@@ -72,13 +72,13 @@ def control_timeline(events_df):
     from pyspark.sql import functions as F
 
     from replay.events import PartitionEvents
-    from schemas.trace import Kind
+    from schemas.trace import Kind, kind_codes
 
     control_kinds = [k.label for k in Kind if k not in (Kind.REPLICATE, Kind.PRODUCE)]
     rows = (events_df.where(F.col("kind").isin(*control_kinds)).select("ts_us", "kind", "broker")
             .toArrow())
     ts = rows.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
-    kind = np.array([Kind.from_label(k).value for k in rows.column("kind").to_pylist()], dtype=np.int8)
+    kind = kind_codes(rows.column("kind"))
     broker = rows.column("broker").to_numpy(zero_copy_only=False).astype(np.int64)
     z = np.zeros(0, dtype=np.int64)
     return PartitionEvents(z, z, z, ts, kind, broker, np.zeros(len(ts), dtype=np.int64)).sorted()

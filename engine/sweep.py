@@ -121,10 +121,9 @@ def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manife
     """Route one chunk's events and advance every kernel to `until_us` (all events are before it)."""
     from replay.events import PartitionEvents
     from replay.families import RouteInput, family_of
-    from schemas.trace import KIND_LABELS, Kind
+    from schemas.trace import Kind, kind_codes
 
-    kind = pc.index_in(table.column("kind"), value_set=pa.array(KIND_LABELS)).to_numpy(
-        zero_copy_only=False).astype(np.int8)
+    kind = kind_codes(table.column("kind"))
     ts = table.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
     prod = kind == int(Kind.PRODUCE)
     produce = table.filter(pa.array(prod))

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.trace import KIND_LABELS, STOP_KINDS, Kind, Manifest
+from schemas.trace import KIND_LABELS, STOP_KINDS, UNKNOWN_KIND, Kind, Manifest, kind_codes
 
 FATAL = "fatal"
 QUARANTINE = "quarantine"
@@ -74,7 +74,6 @@ SCHEMA_RULES = ("column-missing", "column-type")
 ROW_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.name not in SCHEMA_RULES)
 
 _STOP_CODES = np.array(sorted(int(k) for k in STOP_KINDS), dtype=np.int16)
-_UNKNOWN = -1
 
 
 @dataclass
@@ -119,10 +118,20 @@ class SeenIds:
     def add(self, ids: np.ndarray) -> None:
         if not len(ids):
             return
-        run = np.unique(ids)
+        run, _ = _first_of_each(ids)
         while self.runs and len(self.runs[-1]) <= len(run):
             run = _merge_unique(self.runs.pop(), run)
         self.runs.append(run)
+
+
+def _first_of_each(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of `ids` and where each first occurs. A stable sort (timsort) is near-linear on
+    a trace's mostly increasing msg_ids: 1 M events' produce rows took 0.45 s through np.unique's hashing."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    first = np.ones(len(ordered), dtype=bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first], order[first]
 
 
 def _merge_unique(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -158,8 +167,7 @@ class TraceRules:
         self.rows += n
         flags = {r.name: np.zeros(n, dtype=bool) for r in ROW_RULES}
         kind_col = table.column("kind")
-        code = pc.index_in(kind_col, value_set=pa.array(KIND_LABELS)).fill_null(_UNKNOWN)
-        code = code.to_numpy(zero_copy_only=False).astype(np.int16)
+        code = kind_codes(kind_col).astype(np.int16)
         kind_null = kind_col.is_null().to_numpy(zero_copy_only=False)
         ts, ts_null = _ints(table, "ts_us")
         broker, broker_null = _ints(table, "broker")
@@ -168,7 +176,7 @@ class TraceRules:
         upto, upto_null = _ints(table, "upto_us")
         produce, replicate = code == int(Kind.PRODUCE), code == int(Kind.REPLICATE)
 
-        flags["kind-unknown"] = code == _UNKNOWN
+        flags["kind-unknown"] = code == UNKNOWN_KIND
         flags["ts-out-of-range"] = ts_null | (ts < 0) | (ts > self.manifest.duration_us)
         flags["broker-not-in-manifest"] = ~kind_null & ~produce & (
             broker_null | ~np.isin(broker, np.array(self.manifest.broker_ids, dtype=np.int64)))
@@ -201,12 +209,12 @@ class TraceRules:
         if not len(idx):
             return out
         ids = msg[idx]
-        _, first = np.unique(ids, return_index=True)
+        distinct, first = _first_of_each(ids)
         later = np.ones(len(ids), dtype=bool)
         later[first] = False
         later |= self._seen.contains(ids)
         out[idx] = later
-        self._seen.add(ids)
+        self._seen.add(distinct)
         return out
 
     def _broker_rules(self, flags, prev, code, ts, ts_null, broker, broker_null, upto, upto_null,
@@ -216,9 +224,9 @@ class TraceRules:
         rows = np.flatnonzero(~produce)
         if not len(rows):
             return
-        # Spark sorts null ts/kind order first; the unknown kind's order is null too.
+        # Spark sorts null ts/kind order first; the unknown kind's order is null too (UNKNOWN_KIND is -1).
         ts_key = np.where(ts_null[rows], np.iinfo(np.int64).min, ts[rows])
-        kind_key = np.where(code[rows] == _UNKNOWN, -1, code[rows])
+        kind_key = code[rows]
         rows = rows[np.lexsort((rows, kind_key, ts_key))]
         for b in np.unique(np.where(broker_null[rows], -1, broker[rows])):
             mine = rows[np.where(broker_null[rows], -1, broker[rows]) == b]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from schemas.trace import Kind
+from schemas.trace import UNKNOWN_KIND, Kind, kind_codes
 
 
 @dataclass
@@ -66,7 +66,10 @@ class PartitionEvents:
 
 def split_trace_table(table: pa.Table) -> tuple[dict[str, np.ndarray], PartitionEvents]:
     """Split a trace table into its produce columns (unrouted) and the broker events (shared by partitions)."""
-    kind = np.array([Kind.from_label(k).value for k in table.column("kind").to_pylist()], dtype=np.int8)
+    kind = kind_codes(table.column("kind"))
+    if (kind == UNKNOWN_KIND).any():
+        row = int(np.argmax(kind == UNKNOWN_KIND))
+        raise ValueError(f"unknown or null kind in row {row} (the trace loader checks kinds)")
     ts = table.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
     is_produce = kind == Kind.PRODUCE
     produce = {

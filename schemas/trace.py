@@ -8,7 +8,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.errors import BadInput
 
@@ -39,6 +41,14 @@ class Kind(IntEnum):
 
 
 KIND_LABELS: tuple[str, ...] = tuple(k.label for k in Kind)
+UNKNOWN_KIND = -1
+
+
+def kind_codes(labels: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each kind label's `Kind` value as int8 (KIND_LABELS is in value order), UNKNOWN_KIND where the label is
+    not one of them or null: vectorized, where `Kind.from_label` per row took 2 µs."""
+    codes = pc.index_in(labels, value_set=pa.array(KIND_LABELS)).fill_null(UNKNOWN_KIND)
+    return codes.to_numpy(zero_copy_only=False).astype(np.int8)
 #: Kinds that stop a broker, and what survives (SPEC §2.2).
 STOP_KINDS = frozenset({Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN})
 

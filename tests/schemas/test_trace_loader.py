@@ -114,3 +114,24 @@ def test_spark_loader_names_parquet_file_and_row(spark, tmp_path):
     with pytest.raises(BadInput) as err:
         read_events_spark(spark, tmp_path)
     assert err.value.row == 2 and err.value.file.endswith("part-1.parquet") and "unknown kind None" in str(err.value)
+
+
+def test_kind_codes_are_the_kinds_values_and_unknown_elsewhere():
+    from schemas.trace import KIND_LABELS, UNKNOWN_KIND, Kind, kind_codes
+
+    labels = pa.chunked_array([list(KIND_LABELS), [None, "explode", "PRODUCE", "crash"]])
+    assert kind_codes(labels).tolist() == [int(Kind.from_label(k)) for k in KIND_LABELS] + [
+        UNKNOWN_KIND, UNKNOWN_KIND, UNKNOWN_KIND, int(Kind.CRASH)]  # labels are exact (the loader's rule)
+
+
+def test_an_empty_parquet_file_is_read_as_no_rows(tmp_path):
+    from storage.trace_loader import locate, read_events_located
+
+    (tmp_path / "events").mkdir()
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "format": "replab-trace", "version": 1, "trace_id": "empty", "brokers": [{"id": 0, "rack": "a"}],
+        "duration_us": 10, "seed": None, "generator": None}))
+    pq.write_table(EVENT_ARROW_SCHEMA.empty_table(), tmp_path / "events" / "part-0.parquet")
+    assert read_events_arrow(tmp_path)[1].num_rows == 0
+    located = read_events_located(locate(tmp_path))
+    assert located.num_rows == 0 and located.column_names[-2:] == ["_file", "_row"]
