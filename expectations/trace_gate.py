@@ -87,7 +87,8 @@ class TraceRuleReport:
     gx_results: list[dict[str, Any]]
     #: The events with their rule columns (not persisted: a lineage); None when the columns themselves are bad.
     annotated: Any = None
-    #: The annotated rows that break at least one rule (persisted; usually few or none).
+    #: The annotated rows that break at least one rule, usually few or none (persisted when Spark tasks computed
+    #: them; on the driver path, a small frame built from Arrow).
     violations: Any = None
     #: Where the rule columns were computed: "spark" (tasks) or "driver" (a small trace, `LOCAL_ROWS`).
     checked_on: str = "spark"
