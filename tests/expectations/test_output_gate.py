@@ -3,6 +3,7 @@ exits 3 with the report path and leaves the previous version of every run table.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,16 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from expectations.output_gate import (
+    SCREEN_FATE,
+    SCREEN_LATENCY,
+    SCREEN_MESSAGES,
+    SCREEN_STATUS,
     NamedCheck,
     RunOutputs,
     check_outputs,
     duplicate_outcomes,
     message_coverage,
+    message_screen,
     outcome_keys,
     run_output_gate,
 )
@@ -60,6 +66,11 @@ def test_a_correct_run_passes(spark, produced_ids):
     report = check_outputs(spark, outputs, ["ok"], produced_msg_ids=produced_ids)
     assert report.success and report.failures == [] and report.evaluated == 12
     assert report.evaluated == report.successful
+    # the message checks were cleared by the screen, without their exact queries; the others ran theirs
+    screened = {r["expectation_config"]["meta"]["expectation"] for r in report.gx_results[0]["results"]
+                if r["result"]["screened"]}
+    assert screened == {"latency >= 0", "at most one outcome per message and run", "status is acked, failed or pending",
+                        "fate is committed, lost or absent", "every produced message has exactly one outcome per run"}
     # the gate's query ran with a static plan (`adaptive_off`); the session's own setting is back afterwards
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
 
@@ -137,6 +148,65 @@ def test_coverage_and_uniqueness_name_every_offending_run_and_message(spark):
         assert coverage == {("a", 2, missing), ("a", 4, missing), ("b", 4, missing), ("a", 5, unproduced)}
         duplicates = sorted(tuple(r) for r in duplicate_outcomes(outcomes, keys).collect())
         assert duplicates == [("b", 3, 2, "acked"), ("b", 3, 2, "failed")]
+
+
+def test_the_screen_counts_row_rules_and_flags_each_kind_of_message_mismatch(spark):
+    """Produced 1-3. Each run breaks one thing; the screen flags that run, and only for that."""
+    produced = spark.createDataFrame([(i,) for i in (1, 2, 3)], "msg_id BIGINT")
+    ids = {"ok": [1, 2, 3], "missing": [1, 2], "extra": [1, 2, 3, 4], "repeated": [1, 2, 3, 3],
+           "swapped": [1, 2, 4], "repeated-for-missing": [1, 1, 3], "null-id": [1, 2, None], "bad-rows": [1, 2, 3],
+           "stranger": [1, 2, 3]}
+    rows = [(run, m, -1 if (run, m) == ("bad-rows", 1) else 5, "lost" if (run, m) == ("bad-rows", 2) else "acked",
+             None if (run, m) == ("bad-rows", 3) else "committed") for run, ms in ids.items() for m in ms]
+    outcomes = spark.createDataFrame(rows, "run_id STRING, msg_id BIGINT, latency_us BIGINT, status STRING, "
+                                           "fate STRING")
+    runs = [r for r in ids if r != "stranger"] + ["empty"]  # "stranger" is no run of the invocation
+    screen = {r["run_id"]: r.asDict() for r in message_screen(outcomes, runs, produced).collect()}
+    assert set(screen) == set(runs) | {"stranger"}
+    assert {r for r, s in screen.items() if s[SCREEN_MESSAGES]} == set(ids) - {"ok", "bad-rows"} | {"empty"}
+    for name in (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE):
+        assert {r: s[name] for r, s in screen.items() if s[name]} == {"bad-rows": 1}
+    # with nothing produced, a run without outcomes matches; without produced ids there is no message screen
+    nothing = spark.createDataFrame([], "msg_id BIGINT")
+    assert message_screen(outcomes.where("run_id = 'ok'"), ["ok", "empty"], nothing).where(
+        f"{SCREEN_MESSAGES} = 1").select("run_id").collect() == [("ok",)]
+    assert SCREEN_MESSAGES not in message_screen(outcomes, runs).columns
+
+
+def test_the_screen_flags_a_run_exactly_when_the_exact_checks_find_its_rows(spark):
+    """The exact uniqueness and coverage queries (which decide and report) find rows of a run if and only if the
+    screen flags it. 60 runs (one query each way), each the produced ids changed at random: kept, one dropped,
+    one added, one repeated, one replaced, or a few of these at once."""
+    rng = random.Random(15)
+    produced = rng.sample(range(-50, 200), 30)
+    runs = []
+    for _ in range(60):
+        ids = list(produced)
+        for _change in range(rng.choice([0, 0, 1, 1, 2, 3])):
+            change = rng.choice(["drop", "add", "repeat", "replace"])
+            at = rng.randrange(len(ids)) if ids else 0
+            if change == "drop" and ids:
+                ids.pop(at)
+            elif change == "add":
+                ids.append(rng.randrange(-60, 210))
+            elif change == "repeat" and ids:
+                ids.append(ids[at])
+            elif ids:
+                ids[at] = rng.randrange(-60, 210)
+        runs.append(ids)
+    run_ids = [f"r{i:02d}" for i in range(len(runs))]
+    outcomes = spark.createDataFrame([(run_ids[i], m, 0, "acked", "committed") for i, ms in enumerate(runs)
+                                      for m in ms],
+                                     "run_id STRING, msg_id BIGINT, latency_us BIGINT, status STRING, fate STRING")
+    produced_df = spark.createDataFrame([(m,) for m in produced], "msg_id BIGINT")
+    expected = {run_ids[i] for i, ms in enumerate(runs) if sorted(ms) != sorted(produced)}
+    assert 20 <= len(expected) <= 50  # both kinds of run are well represented
+    flagged = {r["run_id"] for r in message_screen(outcomes, run_ids, produced_df).collect() if r[SCREEN_MESSAGES]}
+    assert flagged == expected
+    keys = outcome_keys(outcomes, run_ids)
+    exact = ({r["run_id"] for r in message_coverage(outcomes, produced_df, run_ids, keys).collect()}
+             | {r["run_id"] for r in duplicate_outcomes(outcomes, keys).collect()})
+    assert exact == flagged
 
 
 @dataclass
