@@ -16,8 +16,9 @@ Expectations (targets are the run DataFrames; every target holds all runs of one
 How it runs: every check is a Spark query of its offending rows (normally none). One Spark job counts each
 check's rows exactly and keeps its first 20; GX then asserts, one expectation per check, that every count is 0,
 on a one-row pandas frame of the counts. GX over the Spark tables themselves resolved several Spark jobs per
-expectation (minutes per replay on two cores); this way the gate costs one job, and GX's JSON/HTML report still
-holds one result per expectation, with the offending rows beside it.
+expectation (minutes per replay on two cores); this way the gate costs one job beside the screen below (the two
+run concurrently), and GX's JSON/HTML report still holds one result per expectation, with the offending rows
+beside it.
 
 The checks of single message outcomes (latency, status, fate, uniqueness, coverage) are screened first by ONE
 aggregation of message_outcomes per run (`message_screen`): the rows breaking the row rules are counted, and each
