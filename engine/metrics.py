@@ -29,8 +29,10 @@ applied where a DataFrame is streaming.
 In a replay, the per-window message figures (loss_metrics' counts and latencies, committed_offsets' visibility
 lag) are derived by the replay tasks as each unit finishes (`message_windows`, numpy, Spark's exact percentile
 formula and rounding), not by aggregating every message outcome again in Spark: at 3.7 M outcomes (16 runs) the
-two percentile aggregations took 13 s of the tail. The Spark aggregations below remain the definition: the tests
-hold both equal row for row on a chaos trace under every preset.
+two percentile aggregations took 13 s of the tail. So is run_summary: its counts are the sums of those windows,
+its percentiles read off how often each ack latency and visibility lag occurs in a unit (`message_values`, a row
+per distinct value). The Spark aggregations below remain the definition: the tests hold both equal row for row on
+a chaos trace under every preset, and the output gate compares every replay's summary counts with its outcomes.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.outcomes import NULL_US, Fate, Status
+from schemas.outcomes import NULL_US, OUTCOME_COUNTS, Fate, Status, outcome_flags
 from schemas.tables import SUMMARY_FIELDS, TABLES
 from storage.session import local_frame
 
@@ -78,6 +80,8 @@ def run_info_df(spark, infos: Sequence[RunInfo]):
 #: committed_offsets' visibility_lag_p99_us (nullable: NULL_US when the window has no such message).
 WINDOW_COUNTS = ("produced", "acked", "failed", "acked_lost", "failed_committed", "stranded")
 WINDOW_TIMES = ("ack_latency_p50_us", "ack_latency_p99_us", "ack_latency_max_us", "visibility_lag_p99_us")
+#: The values run_summary's percentiles are of, in `message_values` order (the `metric` of a histogram row).
+HISTOGRAM_METRICS = ACK_LATENCY_US, VISIBILITY_LAG_US = ("ack_latency_us", "visibility_lag_us")
 
 
 def spark_percentile(sorted_values: np.ndarray, starts: np.ndarray, counts: np.ndarray, p: float) -> np.ndarray:
@@ -164,6 +168,16 @@ def message_windows(partition: np.ndarray, produce_us: np.ndarray, status: np.nd
     return out
 
 
+def message_values(status: np.ndarray, produce_us: np.ndarray, ack_us: np.ndarray,
+                   visible_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ack latencies of the acknowledged messages and the visibility lags of the visible ones, as
+    `_message_columns` defines them (`_ack_latency_us`, `_visibility_lag_us`): what run_summary's percentiles are
+    of. The replay tasks count them per value (`engine.groups._histogram_batches`)."""
+    acked = status == Status.ACKED
+    visible = visible_us != NULL_US
+    return ack_us[acked] - produce_us[acked], visible_us[visible] - produce_us[visible]
+
+
 def _as_run_info(spark, run_info):
     if isinstance(run_info, RunInfo):
         run_info = [run_info]
@@ -222,16 +236,11 @@ def _clipped_intervals(unavailability, run_info):
 def _message_columns(outcomes):
     from pyspark.sql import functions as F
 
-    acked = F.col("status") == "acked"
-    committed = F.col("fate") == "committed"
+    flags = outcome_flags()
     return outcomes.select(
         "run_id", F.coalesce(F.col("partition"), F.lit(UNROUTED_PARTITION)).alias("partition"), "produce_us",
-        acked.alias("_acked"), (F.col("status") == "failed").alias("_failed"),
-        (F.col("status") == "pending").alias("_pending"),
-        (acked & ~committed).alias("_acked_lost"),
-        ((F.col("status") == "failed") & committed).alias("_failed_committed"),
-        (acked & committed & ~F.col("readable_at_end")).alias("_stranded"),
-        F.when(acked, F.col("latency_us")).alias("_ack_latency_us"),
+        *[flags[name].alias(f"_{name}") for name in OUTCOME_COUNTS],
+        F.when(flags["acked"], F.col("latency_us")).alias("_ack_latency_us"),
         (F.col("visible_us") - F.col("produce_us")).alias("_visibility_lag_us"),
     )
 
@@ -350,20 +359,38 @@ def watermarks(events, run_info, *, spark=None):
                     "max_event_us", "rows_in", F.lit(0).cast("long").alias("rows_late")))
 
 
-def run_summary(outcomes, unavailability, run_info, *, spark=None):
-    """The `run_summary` table (SPEC §4.4): one row per run of `run_info`, exactly SUMMARY_FIELDS."""
+def run_summary(outcomes, unavailability, run_info, *, spark=None, windows=None, histograms=None):
+    """The `run_summary` table (SPEC §4.4): one row per run of `run_info`, exactly SUMMARY_FIELDS.
+
+    Given the replay tasks' figures (`windows`: per run, partition and window, as for `loss_metrics`;
+    `histograms`: (run_id, metric, value, frequency) rows, metric one of HISTOGRAM_METRICS,
+    `engine.groups._histogram_batches`), the counts are the sums of the windows and the percentiles Spark's
+    `percentile(value, p, frequency)` over the counted values, not aggregations of every outcome: at 1 M events x 16
+    presets 1.0 s against 11-15 s. Both give the same rows (tests), and the output gate compares the summary's counts
+    with message_outcomes on every replay (`expectations.output_gate.message_screen`)."""
     from pyspark.sql import functions as F
 
     spark = spark or outcomes.sparkSession
     run_info = _as_run_info(spark, run_info)
-    msgs = _message_columns(outcomes)
-    lat = F.percentile(F.col("_ack_latency_us"), F.array(F.lit(0.5), F.lit(0.99), F.lit(0.999)))
-    per_run = msgs.groupBy("run_id").agg(
-        F.count(F.lit(1)).alias("produced"), _count("_acked").alias("acked"), _count("_failed").alias("failed"),
-        _count("_pending").alias("pending"), _count("_acked_lost").alias("acked_lost"),
-        _count("_failed_committed").alias("failed_committed"), _count("_stranded").alias("stranded"),
-        lat.alias("_lat"), F.max("_ack_latency_us").alias("_lat_max"),
-        F.percentile("_visibility_lag_us", F.lit(0.99)).alias("_lag_p99"))
+    quantiles = F.array(F.lit(0.5), F.lit(0.99), F.lit(0.999))
+    if windows is not None and histograms is not None:
+        counts = windows.groupBy("run_id").agg(*[F.sum(c).cast("long").alias(c) for c in WINDOW_COUNTS])
+        counts = counts.withColumn("pending", F.col("produced") - F.col("acked") - F.col("failed"))
+        value, frequency = F.col("value"), F.col("frequency")
+        lat = histograms.where(F.col("metric") == ACK_LATENCY_US).groupBy("run_id").agg(
+            F.percentile(value, quantiles, frequency).alias("_lat"), F.max(value).alias("_lat_max"))
+        lag = histograms.where(F.col("metric") == VISIBILITY_LAG_US).groupBy("run_id").agg(
+            F.percentile(value, F.lit(0.99), frequency).alias("_lag_p99"))
+        per_run = counts.join(lat, "run_id", "full_outer").join(lag, "run_id", "full_outer")
+    else:
+        msgs = _message_columns(outcomes)
+        per_run = msgs.groupBy("run_id").agg(
+            F.count(F.lit(1)).alias("produced"), _count("_acked").alias("acked"), _count("_failed").alias("failed"),
+            _count("_pending").alias("pending"), _count("_acked_lost").alias("acked_lost"),
+            _count("_failed_committed").alias("failed_committed"), _count("_stranded").alias("stranded"),
+            F.percentile(F.col("_ack_latency_us"), quantiles).alias("_lat"),
+            F.max("_ack_latency_us").alias("_lat_max"),
+            F.percentile("_visibility_lag_us", F.lit(0.99)).alias("_lag_p99"))
     iv = _clipped_intervals(unavailability, run_info)
     unavailable = iv.groupBy("run_id").agg(F.sum(F.col("end_us") - F.col("start_us")).alias("_unavailable_us"))
     counts = ["produced", "acked", "failed", "pending", "acked_lost", "failed_committed", "stranded",

@@ -44,6 +44,9 @@ class ReplayResults:
     #: The message figures per run, partition and window as the replay tasks derived them
     #: (`engine.replay.RawFrames.windows`); None aggregates message_outcomes instead.
     windows: DataFrame | None = None
+    #: How often each ack latency and visibility lag occurs (`engine.replay.RawFrames.histograms`): with `windows`,
+    #: run_summary is derived from them; None aggregates message_outcomes instead.
+    histograms: DataFrame | None = None
 
 
 def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:
@@ -67,8 +70,8 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
                                                   window_ms, windows=windows).persist()
     watermarks = results.watermarks if results.watermarks is not None else metrics.watermarks(results.events, info)
     tables["watermarks"] = watermarks.persist()
-    tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"],
-                                                info).persist()
+    tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"], info,
+                                                windows=windows, histograms=results.histograms).persist()
     return tables
 
 

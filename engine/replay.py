@@ -61,6 +61,7 @@ class ReplayFrames:
     control: PartitionEvents | None = None  # the fault timeline the plan routed with
     raw: DataFrame | None = None  # the persisted kernel output the frames read
     windows: DataFrame | None = None  # message figures per run, partition and window (RawFrames.windows)
+    histograms: DataFrame | None = None  # RawFrames.histograms
 
     def release(self) -> None:
         if self.raw is not None:
@@ -228,7 +229,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         raw = grouped.mapInArrow(run_groups(plan), OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
         frames = frames_from_raw(spark, runs, raw)
     return ReplayFrames(list(runs), frames.message_outcomes, frames.partition_states, frames.unavailability,
-                        frames.replication_bytes, plan.control, raw, frames.windows)
+                        frames.replication_bytes, plan.control, raw, frames.windows, frames.histograms)
 
 
 @dataclass
@@ -242,6 +243,9 @@ class RawFrames:
     #: (run_id, partition, window_start_us, engine.metrics.WINDOW_COUNTS + WINDOW_TIMES): the message figures per
     #: partition and window, derived in the replay tasks (`engine.metrics.message_windows`).
     windows: DataFrame | None
+    #: (run_id, metric, value, frequency): how often each ack latency and visibility lag occurs in a unit
+    #: (`engine.groups._histogram_batches`); run_summary's percentiles are read off them.
+    histograms: DataFrame | None = None
 
 
 def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
@@ -249,8 +253,8 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
     it."""
     from pyspark.sql import functions as F
 
-    from engine.groups import MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW
-    from engine.metrics import WINDOW_COUNTS, WINDOW_TIMES
+    from engine.groups import HISTOGRAM_ROW_TYPES, MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW
+    from engine.metrics import HISTOGRAM_METRICS, WINDOW_COUNTS, WINDOW_TIMES
     from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
     from schemas.tables import TABLES
 
@@ -289,13 +293,20 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
                    .groupBy(run_ids.alias("run_id"), "partition", "window_start_us")
                    .agg(*[F.sum(c).cast("long").alias(c) for c in WINDOW_COUNTS],
                         *[F.max(c).alias(c) for c in WINDOW_TIMES]))
+    histograms = None  # nor histogram rows: run_summary aggregates the outcomes
+    if "frequency" in raw.columns:
+        metric = F.lit(None).cast("string")
+        for rtype, name in zip(HISTOGRAM_ROW_TYPES, HISTOGRAM_METRICS, strict=True):
+            metric = F.when(F.col("rtype") == rtype, F.lit(name)).otherwise(metric)
+        histograms = raw.where(F.col("rtype").isin(*HISTOGRAM_ROW_TYPES)).select(
+            run_ids.alias("run_id"), metric.alias("metric"), "value", "frequency")
 
     def conform(name: str, df):
         schema = TABLES[name].spark_schema()
         return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
     return RawFrames(conform("message_outcomes", messages), conform("partition_states", states),
-                     conform("unavailability", intervals), totals, windows)
+                     conform("unavailability", intervals), totals, windows, histograms)
 
 
 # ------------------------------------------------------------------------------------------------ shared by modes
@@ -374,7 +385,8 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             results = ReplayResults(
                 run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
                 run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
-                frames.partition_states, frames.unavailability, events, windows=frames.windows)
+                frames.partition_states, frames.unavailability, events, windows=frames.windows,
+                histograms=frames.histograms)
             step("windows and summary")
             checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
                                        frames.control)

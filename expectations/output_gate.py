@@ -8,6 +8,8 @@ Expectations (targets are the run DataFrames; every target holds all runs of one
 - loss_metrics and run_summary: acked ≤ produced; acked_lost ≤ acked.
 - summary vs windows: each run's summary totals equal the sums of its loss_metrics windows (produced, acked,
   failed, acked_lost, failed_committed, stranded, unavailable µs) and produced = acked + failed + pending.
+- summary vs outcomes: each run's summary counts equal the counts of its message_outcomes rows (the replay derives
+  both the summary and the windows from the figures its tasks computed, this compares them with the outcomes).
 - every message has exactly one outcome: when the trace's produced msg_ids are given, no run misses one and
   no run has an outcome for a msg_id that was not produced (with the uniqueness above: a bijection).
 - extra named checks (the SPEC §9 invariants, `expectations/invariants.py`): each is a DataFrame of offending
@@ -20,9 +22,10 @@ expectation (minutes per replay on two cores); this way the gate costs one job b
 run concurrently), and GX's JSON/HTML report still holds one result per expectation, with the offending rows
 beside it.
 
-The checks of single message outcomes (latency, status, fate, uniqueness, coverage) are screened first by ONE
-aggregation of message_outcomes per run (`message_screen`): the rows breaking the row rules are counted, and each
-run's outcomes are compared with the produced messages by count and by two sums of 64-bit hashes of msg_id (a
+The checks over every message outcome (latency, status, fate, uniqueness, coverage, summary vs outcomes) are
+screened first by ONE aggregation of message_outcomes per run (`message_screen`): the rows breaking the row rules
+and the summary's counts are counted, and each run's outcomes are compared with the produced messages by count and
+by two sums of 64-bit hashes of msg_id (a
 multiset fingerprint: a run with a missing, extra or repeated message has another count or, but for a chance of
 about 2^-128, other sums). Only a check its screen flags runs its exact query, which then decides and reports the
 rows; a check the screen clears holds with 0 rows (its GX result says `screened`). The exact uniqueness and
@@ -45,7 +48,7 @@ from typing import Any
 
 from expectations import runner
 from schemas.errors import GateFailed
-from schemas.outcomes import FATE_LABELS, STATUS_LABELS
+from schemas.outcomes import FATE_LABELS, OUTCOME_COUNTS, STATUS_LABELS, outcome_flags
 from storage.session import adaptive_off
 
 SUITE = "output_gate"
@@ -153,19 +156,48 @@ def summary_vs_windows(run_summary, loss_metrics):
     return out.fillna(0, subset=[f"windows_{c}" for c in (*_WINDOW_TOTALS, "unavailable_us")])
 
 
-def summary_window_mismatches(run_summary, loss_metrics):
-    """Runs whose totals differ from their windows, naming the totals that differ (`differing`)."""
+def _differing(both, pairs: Sequence[tuple[str, str]], keep: Sequence[str]):
+    """The rows of `both` where some pair of columns differs, naming those pairs (`differing`)."""
     from pyspark.sql import functions as F
 
-    pairs = [(c, f"windows_{c}") for c in (*_WINDOW_TOTALS, "unavailable_us")]
-    pairs.append(("produced", "acked_failed_pending"))
     differs = F.lit(False)
     for a, b in pairs:
-        differs = differs | (F.col(a) != F.col(b))
-    names = F.concat_ws("; ", *[F.when(F.col(a) != F.col(b), F.lit(f"{a} vs {b}")) for a, b in pairs])
-    both = summary_vs_windows(run_summary, loss_metrics)
-    return both.where(differs).select("run_id", names.alias("differing"), *[c for c in both.columns
-                                                                          if c != "run_id"])
+        differs = differs | ~F.col(a).eqNullSafe(F.col(b))
+    names = F.concat_ws("; ", *[F.when(~F.col(a).eqNullSafe(F.col(b)), F.lit(f"{a} vs {b}")) for a, b in pairs])
+    return both.where(differs).select(*keep, names.alias("differing"), *[c for c in both.columns if c not in keep])
+
+
+def summary_window_mismatches(run_summary, loss_metrics):
+    """Runs whose totals differ from their windows, naming the totals that differ (`differing`)."""
+    pairs = [(c, f"windows_{c}") for c in (*_WINDOW_TOTALS, "unavailable_us")]
+    pairs.append(("produced", "acked_failed_pending"))
+    return _differing(summary_vs_windows(run_summary, loss_metrics), pairs, ["run_id"])
+
+
+#: run_summary's message counts, which message_outcomes' rows must add up to.
+_SUMMARY_COUNTS = ("produced", *OUTCOME_COUNTS)
+
+
+def _outcome_counts() -> list[Any]:
+    """Per run: its outcome rows and OUTCOME_COUNTS of them, as `outcomes_<count>` (aggregate columns)."""
+    from pyspark.sql import functions as F
+
+    flags = outcome_flags()
+    return [F.count(F.lit(1)).alias("outcomes_produced"),
+            *[F.sum(flags[c].cast("long")).alias(f"outcomes_{c}") for c in OUTCOME_COUNTS]]
+
+
+def summary_outcome_mismatches(run_summary, message_outcomes):
+    """Runs whose run_summary counts differ from the counts of their message_outcomes rows (a run without any row
+    counts 0), naming the counts that differ (`differing`)."""
+    from pyspark.sql import functions as F
+
+    counts = message_outcomes.groupBy("run_id").agg(*_outcome_counts())
+    both = (run_summary.select("run_id", *_SUMMARY_COUNTS).join(counts, "run_id", "full_outer")
+            .fillna(0, subset=[f"outcomes_{c}" for c in _SUMMARY_COUNTS]))
+    both = both.select("run_id", *[F.col(c) for c in _SUMMARY_COUNTS],
+                       *[F.col(f"outcomes_{c}") for c in _SUMMARY_COUNTS])
+    return _differing(both, [(c, f"outcomes_{c}") for c in _SUMMARY_COUNTS], ["run_id"])
 
 
 #: Up to this many runs, `outcome_keys` counts a message's distinct runs as the bits of a BIGINT mask.
@@ -264,15 +296,16 @@ def _fingerprint(msg_id) -> list[Any]:
 
 
 #: The screen's columns and the checks they clear (`Check.screen`).
-SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE, SCREEN_MESSAGES = ("negative_latency", "unknown_status",
-                                                               "unknown_fate", "unmatched_messages")
+SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE, SCREEN_MESSAGES, SCREEN_SUMMARY = (
+    "negative_latency", "unknown_status", "unknown_fate", "unmatched_messages", "summary_counts_differ")
 
 
-def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None):
+def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None, run_summary=None):
     """One row per run (of `run_ids`, and of any other run_id the outcomes hold): the rows breaking the row rules
-    (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE) and, given the produced msg_ids (distinct, as the trace gate
-    leaves them), SCREEN_MESSAGES = 1 when the run's outcomes are not one per produced message by count and
-    fingerprint (`_fingerprint`). ONE aggregation of the outcomes, per run before the shuffle."""
+    (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE); given the produced msg_ids (distinct, as the trace gate leaves
+    them), SCREEN_MESSAGES = 1 when the run's outcomes are not one per produced message by count and fingerprint
+    (`_fingerprint`); given run_summary, SCREEN_SUMMARY = 1 when its counts are not those of the run's outcomes
+    (`summary_outcome_mismatches`). ONE aggregation of the outcomes, per run before the shuffle."""
     from pyspark.sql import functions as F
 
     from storage.session import local_frame
@@ -282,11 +315,19 @@ def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=No
         F.sum(_negative_latency().cast("long")).alias(SCREEN_LATENCY),
         F.sum(_unknown_label("status", STATUS_LABELS).cast("long")).alias(SCREEN_STATUS),
         F.sum(_unknown_label("fate", FATE_LABELS).cast("long")).alias(SCREEN_FATE),
-        *_fingerprint(F.col("msg_id")))
+        *_fingerprint(F.col("msg_id")), *(_outcome_counts()[1:] if run_summary is not None else ()))
     runs = local_frame(spark, [(r,) for r in run_ids], "run_id STRING")
     out = runs.join(per_run, "run_id", "full_outer")
     screens = [F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c)
                for c in (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE)]
+    if run_summary is not None:
+        out = out.join(run_summary.select("run_id", *[F.col(c).alias(f"_summary_{c}") for c in _SUMMARY_COUNTS]),
+                       "run_id", "left")
+        same = F.lit(True)
+        for c in _SUMMARY_COUNTS:  # a run without outcome rows counts 0 of each
+            ours = F.coalesce(F.col("_n" if c == "produced" else f"outcomes_{c}"), F.lit(0))
+            same &= F.coalesce(ours == F.col(f"_summary_{c}"), F.lit(False))
+        screens.append(F.when(same, 0).otherwise(1).cast("long").alias(SCREEN_SUMMARY))
     if produced_msg_ids is None:
         return out.select("run_id", *screens)
     produced = produced_msg_ids.agg(*_fingerprint(F.col("msg_id"))).select(
@@ -299,11 +340,12 @@ def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=No
                                           F.when(matched, 0).otherwise(1).cast("long").alias(SCREEN_MESSAGES))
 
 
-def screen_flags(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None) -> dict[str, bool]:
+def screen_flags(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None,
+                 run_summary=None) -> dict[str, bool]:
     """Which screen columns flag some run (one Spark job)."""
     from pyspark.sql import functions as F
 
-    screen = message_screen(message_outcomes, run_ids, produced_msg_ids)
+    screen = message_screen(message_outcomes, run_ids, produced_msg_ids, run_summary)
     names = [c for c in screen.columns if c != "run_id"]
     row = screen.agg(*[F.max(c).alias(c) for c in names]).first()
     return {c: bool(row[c]) for c in names}
@@ -348,6 +390,8 @@ def gate_checks(outputs: RunOutputs, run_ids: Sequence[str], *, produced_msg_ids
         ]
     checks.append(Check("summary_vs_windows", "summary totals equal the sums of the windows, and produced = acked "
                         "+ failed + pending", lambda: summary_window_mismatches(rs, lm)))
+    checks.append(Check("summary_vs_outcomes", "summary counts equal the counts of the run's message outcomes",
+                        lambda: summary_outcome_mismatches(rs, mo), SCREEN_SUMMARY))
     if produced_msg_ids is not None:
         checks.append(Check("message_coverage", "every produced message has exactly one outcome per run",
                             lambda: message_coverage(mo, produced_msg_ids, run_ids, keys()), messages))
@@ -424,7 +468,8 @@ def check_outputs(spark, outputs: RunOutputs, run_ids: Sequence[str], *, produce
     # tasks: 4.8-6.1 s against 6.3-6.6 s one after the other in the demo); then the exact queries of the checks
     # the screen flags, normally none. A static plan for both: the screen is small aggregations and joins.
     with adaptive_off(spark), ThreadPoolExecutor(2, thread_name_prefix="replab-gate") as pool:
-        screened = pool.submit(screen_flags, outputs.message_outcomes, run_ids, produced_msg_ids)
+        screened = pool.submit(screen_flags, outputs.message_outcomes, run_ids, produced_msg_ids,
+                               outputs.run_summary)
         found = pool.submit(offending, spark, [checks[i] for i in unscreened])
         flags, (counts_found, rows_found) = screened.result(), found.result()
     flagged = [i for i, c in enumerate(checks) if c.screen is not None and flags[c.screen]]

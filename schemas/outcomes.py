@@ -52,3 +52,19 @@ class Error(IntEnum):
 STATUS_LABELS = [s.label for s in Status]
 FATE_LABELS = [f.label for f in Fate]
 ERROR_LABELS = [e.label for e in Error]
+
+#: The per-message counts of loss_metrics and run_summary (SPEC §4.3-§4.4), in table column order.
+OUTCOME_COUNTS = ("acked", "failed", "pending", "acked_lost", "failed_committed", "stranded")
+
+
+def outcome_flags() -> dict[str, object]:
+    """OUTCOME_COUNTS as Spark boolean columns over message_outcomes' columns: the one definition of what each
+    count counts (engine.metrics aggregates them; the output gate compares run_summary with them)."""
+    from pyspark.sql import functions as F
+
+    acked = F.col("status") == Status.ACKED.label
+    failed = F.col("status") == Status.FAILED.label
+    committed = F.col("fate") == Fate.COMMITTED.label
+    return {"acked": acked, "failed": failed, "pending": F.col("status") == Status.PENDING.label,
+            "acked_lost": acked & ~committed, "failed_committed": failed & committed,
+            "stranded": acked & committed & ~F.col("readable_at_end")}

@@ -58,8 +58,9 @@ from replay.families import RouteInput, family_of
 from replay.stream import reads_fault_timeline, routing_horizon_us
 from schemas.trace import KIND_LABELS, Kind
 
-# Row types beyond engine.groups' final ones (MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW)
-STATS, LATE, END = (max(FINAL_ROW_TYPES) + i for i in (1, 2, 3))
+# Row types beyond engine.groups' final ones (codes fixed: a checkpoint's rows keep theirs across versions)
+STATS, LATE, END = 5, 6, 7
+assert not {STATS, LATE, END} & set(FINAL_ROW_TYPES)
 ACCOUNTING = (-1, -1)
 END_CODE = len(KIND_LABELS)  # kind_code of the end-of-trace marker
 REPLICATE = int(Kind.REPLICATE)

@@ -402,7 +402,8 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
         watermarks = spark.createDataFrame([r.asDict() for r in wm_rows], TABLES["watermarks"].spark_schema())
         records = run_records(runs, manifest.trace_id, "stream", tracker.run_ids if tracker is not None else None)
         results = ReplayResults(records, run_infos(runs, manifest, frames.replication_bytes), msgs, states,
-                                intervals, events, watermarks=watermarks, windows=frames.windows)
+                                intervals, events, watermarks=watermarks, windows=frames.windows,
+                                histograms=frames.histograms)
         checks = invariants.checks(spark, runs, msgs, states, control_timeline(events))
         summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
                             extra_checks=checks)

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.spark
 
 N_MESSAGES = 60
 SUMMARY_VS_WINDOWS = "summary totals equal the sums of the windows, and produced = acked + failed + pending"
+SUMMARY_VS_OUTCOMES = "summary counts equal the counts of the run's message outcomes"
 
 
 def run_frames(spark, run_id: str, seed: int) -> dict:
@@ -64,13 +65,14 @@ def test_a_correct_run_passes(spark, produced_ids):
     outputs = RunOutputs(frames["message_outcomes"], frames["partition_states"], frames["loss_metrics"],
                          frames["run_summary"])
     report = check_outputs(spark, outputs, ["ok"], produced_msg_ids=produced_ids)
-    assert report.success and report.failures == [] and report.evaluated == 12
+    assert report.success and report.failures == [] and report.evaluated == 13
     assert report.evaluated == report.successful
     # the message checks were cleared by the screen, without their exact queries; the others ran theirs
     screened = {r["expectation_config"]["meta"]["expectation"] for r in report.gx_results[0]["results"]
                 if r["result"]["screened"]}
     assert screened == {"latency >= 0", "at most one outcome per message and run", "status is acked, failed or pending",
-                        "fate is committed, lost or absent", "every produced message has exactly one outcome per run"}
+                        "fate is committed, lost or absent", "every produced message has exactly one outcome per run",
+                        SUMMARY_VS_OUTCOMES}
     # the gate's query ran with a static plan (`adaptive_off`); the session's own setting is back afterwards
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
 
@@ -120,6 +122,10 @@ def test_each_expectation_catches_its_violation_and_names_the_run(spark, produce
         ("run_summary", "run_summary: acked_lost <= acked"): ("lost-over-acked",),
         # a corrupted window or summary also breaks summary = windows, for that run only
         ("summary_vs_windows", SUMMARY_VS_WINDOWS): ("acked-over-produced", "lost-over-acked", "summary-mismatch"),
+        # and a summary that is not its outcomes' counts, or outcomes that are not the summary's: the screen flags
+        # these runs, and the exact query names them
+        ("summary_vs_outcomes", SUMMARY_VS_OUTCOMES): ("dup-outcome", "lost-over-acked", "missing-outcome",
+                                                       "summary-mismatch"),
         ("message_coverage", "every produced message has exactly one outcome per run"): ("missing-outcome",),
         ("invariant.one_leader_at_a_time", "one leader per partition at a time (SPEC §9)"): ("invariant-broken",),
     }
@@ -128,6 +134,12 @@ def test_each_expectation_catches_its_violation_and_names_the_run(spark, produce
     assert {r["run_id"]: r["differing"] for r in mismatch.rows} == {
         "acked-over-produced": "acked vs windows_acked", "lost-over-acked": "acked_lost vs windows_acked_lost",
         "summary-mismatch": "stranded vs windows_stranded"}
+    mismatch = next(f for f in report.failures if f.target == "summary_vs_outcomes")
+    assert {r["run_id"]: r["differing"] for r in mismatch.rows} == {
+        "dup-outcome": "produced vs outcomes_produced; acked vs outcomes_acked",
+        "lost-over-acked": "acked_lost vs outcomes_acked_lost",
+        "missing-outcome": "produced vs outcomes_produced; failed vs outcomes_failed",
+        "summary-mismatch": "stranded vs outcomes_stranded"}
     counts = {f.expectation: f.count for f in report.failures}
     assert counts["latency >= 0"] == 1 and counts["at most one outcome per message and run"] == 2
     assert counts["every produced message has exactly one outcome per run"] == 1

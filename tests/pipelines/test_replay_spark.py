@@ -139,6 +139,17 @@ def derived_in_tasks_equal_spark_aggregates(frames, infos) -> None:
     spark_co = rows(metrics.committed_offsets(frames.partition_states, mo, infos))
     assert rows(metrics.committed_offsets(frames.partition_states, mo, infos, windows=windows)) == spark_co
     assert any(r.visibility_lag_p99_us is not None for r in spark_co)
+    # run_summary from the windows and the (value, frequency) rows equals its aggregation of message_outcomes
+    assert frames.histograms is not None
+    spark_rs = rows(metrics.run_summary(mo, frames.unavailability, infos))
+    assert rows(metrics.run_summary(mo, frames.unavailability, infos, windows=windows,
+                                    histograms=frames.histograms)) == spark_rs
+    assert len(spark_rs) == len(infos) and sum(r.produced for r in spark_rs) == mo.count()
+    assert any(r.ack_latency_p999_ms is not None for r in spark_rs)
+    assert any(r.visibility_lag_p99_ms is not None for r in spark_rs)
+    # fewer rows than values: each distinct value of a unit is one row
+    acked = mo.where("status = 'acked'").count()
+    assert frames.histograms.groupBy().sum("frequency").first()[0] == acked + mo.where("visible_us IS NOT NULL").count()
 
 
 def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trace):

@@ -170,6 +170,7 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
         assertDataFrameEqual(stream.partition_states, batch.partition_states)
         assertDataFrameEqual(stream.unavailability, batch.unavailability)
         assertDataFrameEqual(stream.windows, batch.windows)
+        assertDataFrameEqual(stream.histograms, batch.histograms)
         assert stream.replication_bytes == batch.replication_bytes
     finally:
         batch.release()
