@@ -10,20 +10,26 @@ small trace (the SparkSession start and the first Python workers are not counted
 
 - end to end: events / wall seconds of the whole call (trace gate, stream, windows, output gate, Delta tables),
   the figure SPEC §10 asks for;
-- stream: events / wall seconds from the first micro-batch's start to the end-of-trace micro-batch (source,
-  watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends);
+- stream: events / wall seconds from the query's start to the end of the end-of-trace micro-batch, its writes
+  included (source, watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends, the final
+  rows into the checkpoint);
 - per-CPU: events per CPU-second of this session's processes (driver, JVM, Python workers), since the machine may
-  be shared (the load average is printed): twice that figure is what local[2] reaches with both cores to itself.
+  be shared (the load average is printed): twice that figure is what local[2] reaches with both cores to itself;
+- the profile: the time before the stream (trace gate, runs marked), the stream, the publishing after it (windows,
+  output gate, Delta tables), and per micro-batch the time the sink reports for computing it (source, routing,
+  state store, kernels) and for writing it (the watermarks append, the final rows), beside Spark's own figures for
+  the trigger (a StreamingQueryListener: triggerExecution, queryPlanning, walCommit, commitOffsets).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.generate_bench import scale_for
@@ -32,6 +38,53 @@ from generators.generate import generate_trace
 from generators.library import resolve_scenario
 
 DEFAULT_SIZES = (1_000_000,)
+
+
+#: The sink's line per micro-batch (engine.stream.query.StreamSink._report)
+BATCH_LINE = re.compile(r"micro-batch (\d+): .*?([\d,]+) rows in, .*replayed in ([\d.]+) s, written in ([\d.]+) s")
+
+
+@dataclass
+class MicroBatch:
+    batch: int
+    rows_in: int
+    replayed_seconds: float  # the sink's action: source, routing, state store, kernels
+    written_seconds: float  # the sink's Delta appends and, in the last one, the final rows
+    trigger_seconds: float | None = None  # Spark's whole trigger (StreamingQueryProgress.durationMs)
+    planning_seconds: float | None = None
+    log_seconds: float | None = None  # the offsets write-ahead log and the commit log
+
+
+class _Progress:
+    """Spark's per-trigger durations, by batch id (a StreamingQueryListener on the session)."""
+
+    def __init__(self, spark) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        self.spark, self.by_batch = spark, {}
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event) -> None:
+                pass
+
+            def onQueryProgress(self, event) -> None:
+                outer.by_batch[event.progress.batchId] = dict(event.progress.durationMs)
+
+            def onQueryIdle(self, event) -> None:
+                pass
+
+            def onQueryTerminated(self, event) -> None:
+                pass
+
+        self.listener = Listener()
+
+    def __enter__(self) -> _Progress:
+        self.spark.streams.addListener(self.listener)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.spark.streams.removeListener(self.listener)
 
 
 @dataclass(frozen=True)
@@ -48,36 +101,61 @@ class StreamBenchRow:
     stream_events_per_s: float
     cpu_seconds: float
     load_avg_1m: float
+    before_stream_seconds: float = 0.0
+    publish_seconds: float = 0.0
+    batches: list[MicroBatch] = field(default_factory=list)
 
     @property
     def events_per_cpu_s(self) -> float:
         return self.events / self.cpu_seconds if self.cpu_seconds else float("nan")
 
 
-def replay(spark, trace: Path, lakehouse: Path, policy: str, files_per_trigger: int) -> tuple[float, float, int]:
-    """(wall seconds of the whole replay, of its streaming part, micro-batches)."""
+@dataclass
+class Timed:
+    seconds: float
+    stream_seconds: float
+    before_stream_seconds: float
+    publish_seconds: float
+    batches: list[MicroBatch]
+
+
+def replay(spark, trace: Path, lakehouse: Path, policy: str, files_per_trigger: int) -> Timed:
+    """One stream replay, timed: the whole call and its phases, from the progress lines and Spark's listener."""
     from engine.plan import ReplayRequest
     from engine.stream.query import run_stream_replay
     from replay.policies import parse_policy
 
     marks: dict[str, float] = {}
-    batches = 0
+    batches: list[MicroBatch] = []
 
     def progress(text: str) -> None:
-        nonlocal batches
         now = time.monotonic()
         if text.startswith("stream replay of"):
             marks["stream"] = now
         elif text.startswith("micro-batch"):
-            batches += 1
+            m = BATCH_LINE.match(text)
+            if m is None:
+                raise ValueError(f"unexpected micro-batch line: {text!r}")
+            batches.append(MicroBatch(int(m[1]), int(m[2].replace(",", "")), float(m[3]), float(m[4])))
         elif text.startswith("the watermark passed"):
             marks["end"] = now
+        elif text.startswith("windows, output gate"):
+            marks["publish"] = now
 
     started = time.monotonic()
-    run_stream_replay(spark, ReplayRequest(trace=str(trace), policies=[parse_policy(policy)],
-                                           lakehouse=str(lakehouse), mode="stream", mlflow=False),
-                      progress=progress, files_per_trigger=files_per_trigger)
-    return time.monotonic() - started, marks["end"] - marks["stream"], batches
+    with _Progress(spark) as spark_progress:
+        run_stream_replay(spark, ReplayRequest(trace=str(trace), policies=[parse_policy(policy)],
+                                               lakehouse=str(lakehouse), mode="stream", mlflow=False),
+                          progress=progress, files_per_trigger=files_per_trigger)
+        ended = time.monotonic()
+        for b in batches:
+            d = spark_progress.by_batch.get(b.batch)
+            if d:
+                b.trigger_seconds = d.get("triggerExecution", 0) / 1000
+                b.planning_seconds = d.get("queryPlanning", 0) / 1000
+                b.log_seconds = (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1000
+    return Timed(ended - started, marks["end"] - marks["stream"], marks["stream"] - started,
+                 ended - marks["publish"], batches)
 
 
 def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: int = 250_000,
@@ -98,25 +176,32 @@ def run(sizes=DEFAULT_SIZES, *, policy: str = "kafka-acks1", events_per_file: in
             result = generate_trace(spark, sc, seed=seed, scale=scale_for(sc, int(target)), out=trace,
                                     target_events_per_chunk=events_per_file)
             cpu_before = cpu_seconds(jvm_pid)
-            seconds, stream_seconds, batches = replay(spark, trace, root / f"lakehouse-{int(target)}", policy,
-                                                      files_per_trigger)
+            t = replay(spark, trace, root / f"lakehouse-{int(target)}", policy, files_per_trigger)
             row = StreamBenchRow(
                 target_events=int(target), events=result.events, files=len(result.chunks),
-                files_per_trigger=files_per_trigger, policy=policy, seconds=round(seconds, 2),
-                stream_seconds=round(stream_seconds, 2), micro_batches=batches,
-                events_per_s=round(result.events / seconds), stream_events_per_s=round(result.events / stream_seconds),
-                cpu_seconds=round(cpu_seconds(jvm_pid) - cpu_before, 2), load_avg_1m=round(os.getloadavg()[0], 2))
+                files_per_trigger=files_per_trigger, policy=policy, seconds=round(t.seconds, 2),
+                stream_seconds=round(t.stream_seconds, 2), micro_batches=len(t.batches),
+                events_per_s=round(result.events / t.seconds),
+                stream_events_per_s=round(result.events / t.stream_seconds),
+                cpu_seconds=round(cpu_seconds(jvm_pid) - cpu_before, 2), load_avg_1m=round(os.getloadavg()[0], 2),
+                before_stream_seconds=round(t.before_stream_seconds, 2), publish_seconds=round(t.publish_seconds, 2),
+                batches=t.batches)
             rows.append(row)
             log(f"{row.events:>12,} events  {row.policy}  end to end {row.seconds:7.1f} s = "
                 f"{row.events_per_s:,.0f} events/s  stream {row.stream_seconds:6.1f} s = "
                 f"{row.stream_events_per_s:,.0f} events/s  ({row.micro_batches} micro-batches of "
                 f"{row.files_per_trigger} files)  {row.events_per_cpu_s:,.0f} events per CPU-s  "
-                f"load {row.load_avg_1m}")
+                f"load {row.load_avg_1m}; before the stream {row.before_stream_seconds:.1f} s, publishing "
+                f"{row.publish_seconds:.1f} s")
             shutil.rmtree(trace)
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def _sec(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}"
 
 
 def markdown(rows: list[StreamBenchRow]) -> str:
@@ -126,6 +211,15 @@ def markdown(rows: list[StreamBenchRow]) -> str:
         lines.append(f"| {r.events:,} | {r.policy} | {r.files} ({r.files_per_trigger}) | {r.seconds:.1f} | "
                      f"{r.events_per_s:,.0f} | {r.stream_seconds:.1f} | {r.stream_events_per_s:,.0f} | "
                      f"{r.events_per_cpu_s:,.0f} | {r.load_avg_1m:.1f} |")
+    for r in rows:
+        lines += ["", f"{r.events:,} events: before the stream (trace gate, runs marked) "
+                  f"{r.before_stream_seconds:.1f} s, stream {r.stream_seconds:.1f} s, publishing (windows, output "
+                  f"gate, Delta tables) {r.publish_seconds:.1f} s, of {r.seconds:.1f} s", "",
+                  "| micro-batch | rows in | computed s (source, routing, state, kernels) | written s (Delta) | "
+                  "Spark trigger s | planning s | offsets + commit log s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for b in r.batches:
+            lines.append(f"| {b.batch} | {b.rows_in:,} | {b.replayed_seconds:.2f} | {b.written_seconds:.2f} | "
+                         f"{_sec(b.trigger_seconds)} | {_sec(b.planning_seconds)} | {_sec(b.log_seconds)} |")
     return "\n".join(lines)
 
 

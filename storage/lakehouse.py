@@ -259,6 +259,14 @@ class Lakehouse:
 
         with_retries(write, f"replace {table} where {predicate[:80]}")
 
+    def delete_rows(self, table: str, key_column: str, key_values: Sequence[str]) -> None:
+        """Remove every row whose `key_column` is in `key_values`: one Delta commit, or none on a table this object
+        created and nobody has committed to since (known empty: a stream replay's first act in a new lakehouse)."""
+        self._ensure(self.spec(table))
+        if self._still_empty(table):
+            return
+        self.replace_rows(table, key_column, key_values, self.spark.createDataFrame([], TABLES[table].spark_schema()))
+
     def append_once(self, table: str, df, *, app_id: str, version: int) -> None:
         """Append `df`'s rows exactly once: Delta skips a (txnAppId, txnVersion) it has already committed, so a
         stream's micro-batch that runs again after a crash writes nothing twice."""

@@ -57,6 +57,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -278,12 +279,15 @@ class StreamSink:
         from engine.stream.groups import END, LATE, STATS
 
         try:
+            started = time.monotonic()
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
             try:
+                # This action runs the micro-batch: source, routing, state store, kernels.
                 per_type = {r["rtype"]: r for r in df.groupBy("rtype").agg(
                     F.count(F.lit(1)).alias("n"), F.sum("rows_in").alias("rows_in"),
                     F.sum("rows_late").alias("rows_late"), F.max("max_event_us").alias("max_event_us"),
                     F.max("watermark_us").alias("watermark_us")).collect()}
+                replayed = time.monotonic()
                 stats = per_type.get(STATS)
                 if stats is not None:
                     self._watermarks(batch_id, stats)
@@ -291,6 +295,11 @@ class StreamSink:
                     self._quarantine(df.where(F.col("rtype") == LATE), batch_id)
                 if END in per_type:
                     self._save_final(df)
+                written = time.monotonic()
+                if stats is not None:
+                    self._report(batch_id, stats, replayed - started, written - replayed)
+                if END in per_type:
+                    self.progress("the watermark passed the end of the trace: every group finished")
                     self.done = True
             finally:
                 df.unpersist()
@@ -312,9 +321,14 @@ class StreamSink:
                  int(stats["rows_late"] or 0)) for run_id in self.run_ids]
         self._append_once("watermarks", self.spark.createDataFrame(rows, TABLES["watermarks"].spark_schema()),
                           batch_id)
+
+    def _report(self, batch_id: int, stats, replay_s: float, write_s: float) -> None:
+        """One line per micro-batch, with where its time went: computing it (source, routing, state store,
+        kernels) and writing it (the watermarks append, late rows, the final rows)."""
         self.progress(f"micro-batch {batch_id}: watermark {int(stats['watermark_us']) / 1e6:.3f} s, "
                       f"max event {(self.max_event_us or 0) / 1e6:.3f} s, {int(stats['rows_in'] or 0):,} rows in, "
-                      f"{int(stats['rows_late'] or 0):,} late")
+                      f"{int(stats['rows_late'] or 0):,} late; replayed in {replay_s:.2f} s, written in "
+                      f"{write_s:.2f} s")
 
     def _late_rows(self, late):
         """Quarantine rows (SPEC §5) for late rows: the raw row as the trace gate writes it, per run."""
@@ -354,7 +368,6 @@ class StreamSink:
 
         from engine.groups import FINAL_ROW_TYPES
 
-        self.progress("the watermark passed the end of the trace: every group finished")
         (df.where(F.col("rtype").isin(*FINAL_ROW_TYPES)).write.mode("overwrite")
          .parquet(str(self.ck.final_dir)))
         self.ck.final_written = True
@@ -443,7 +456,6 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     """The whole replay of one trace under every policy of the request, as a stream (see the module docstring)."""
 
     from schemas.errors import BadInput
-    from schemas.tables import TABLES
     from storage.lakehouse import Lakehouse
     from storage.trace_loader import locate
 
@@ -481,12 +493,11 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
         _gate_complete_trace(spark, tf, lakehouse, runs, ck)
     if not ck.started:
         # A fresh replay: its runs are `running` (mode stream) and earlier watermarks/late rows of them go away.
+        lakehouse.ensure_tables(["runs", "watermarks"])
         lakehouse.begin_runs(run_records(runs, manifest.trace_id, "stream"))
-        lakehouse.replace_rows("watermarks", "run_id", run_ids,
-                               spark.createDataFrame([], TABLES["watermarks"].spark_schema()))
+        lakehouse.delete_rows("watermarks", "run_id", run_ids)
         if live and lakehouse.version("quarantine") is not None:
-            lakehouse.replace_rows("quarantine", "run_id", run_ids,
-                                   spark.createDataFrame([], TABLES["quarantine"].spark_schema()))
+            lakehouse.delete_rows("quarantine", "run_id", run_ids)
         ck.started = True
         ck.save()
 

@@ -139,6 +139,27 @@ def test_replace_run_touches_only_that_run(spark, tmp_path, reference_root):
     assert lh.read("partition_states").where("run_id = 'a'").count() == new_a.count()
 
 
+def test_delete_rows_removes_those_keys_and_skips_a_table_known_empty(spark, tmp_path, reference_root):
+    """A table with rows: one commit removes exactly those runs' rows. A table this object just created: no
+    commit at all (its log stays at the creation), and a later write still lands."""
+    lh = Lakehouse(copy_of(reference_root, tmp_path), spark)
+    b_rows = sorted(map(tuple, lh.read("partition_states").where("run_id = 'b'").collect()))
+    before = DeltaTable(lh.path("partition_states")).version()
+    lh.delete_rows("partition_states", "run_id", ["a"])
+    assert DeltaTable(lh.path("partition_states")).version() == before + 1
+    assert lh.read("partition_states").where("run_id = 'a'").count() == 0
+    assert sorted(map(tuple, lh.read("partition_states").where("run_id = 'b'").collect())) == b_rows
+
+    fresh = Lakehouse(tmp_path / "fresh", spark, create=False)
+    fresh.delete_rows("watermarks", "run_id", ["a"])
+    assert DeltaTable(fresh.path("watermarks")).version() == 0  # created, nothing committed after
+    rows = spark.createDataFrame([("a", 0, 1, 2, 3, 0)], TABLES["watermarks"].spark_schema())
+    fresh.replace_rows("watermarks", "run_id", ["a"], rows)
+    fresh.delete_rows("watermarks", "run_id", ["a"])  # no longer known empty: a real delete
+    assert DeltaTable(fresh.path("watermarks")).version() == 2
+    assert fresh.read("watermarks").count() == 0
+
+
 def test_a_big_frame_is_written_by_its_tasks_with_no_compaction_after(spark, tmp_path, monkeypatch):
     """A frame over ONE_TASK_BYTES is written as its tasks hold it (no shuffle by run first): a file per task and
     run, and no OPTIMIZE after the write (the big tables do not auto-compact: a run is always replaced whole).
