@@ -26,21 +26,25 @@ with their carried state, and, for classes routed in state, the fault timeline s
 
 Every group registers one event-time timer at ⌊duration_us / 1000⌋ + 1 ms. The source's end marker moves the
 watermark past it, and the timer feeds what is left, finishes the kernels (fates are judged at the end of the
-trace, SPEC §4.1) and emits the group's message, state, interval and unit rows, exactly as `UnitReplay.finish` does in
-batch mode. All groups finish in the same micro-batch, with the accounting group's END row.
+trace, SPEC §4.1) and writes the group's message, state, interval, unit, window and histogram rows, exactly as
+`UnitReplay.finish` makes them in batch mode, as one Parquet file of the checkpoint's final folder (`write_final`).
+All groups finish in the same micro-batch, with the accounting group's END row.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
@@ -494,8 +498,9 @@ class ReplayProcessor(StatefulProcessor):
     deterministic.
     """
 
-    def __init__(self, plan: StreamPlan) -> None:
+    def __init__(self, plan: StreamPlan, final_dir: str) -> None:
         self.plan = plan
+        self.final_dir = final_dir
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -587,7 +592,7 @@ class ReplayProcessor(StatefulProcessor):
         else:
             loaded = self._load(cls, unit)
             if loaded is not None:
-                out.extend(loaded[0].finish())
+                write_final(self.final_dir, cls, unit, list(loaded[0].finish()))
                 self.snapshot.clear()
                 self.log.clear()
                 self.meta.clear()
@@ -596,6 +601,23 @@ class ReplayProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def write_final(final_dir: str, cls: int, unit: int, batches: list[pa.RecordBatch]) -> None:
+    """A finished group's rows (OUTPUT_SCHEMA) as one Parquet file, named by the group: the micro-batch run again
+    (a retried task, a restart before the batch committed) replaces it with the same rows. Written by the task
+    itself, because handing a million outcome rows back to Spark (pandas, then Spark's rows, cached by the sink and
+    written again) took longer than the replay of the last micro-batch. Written under a hidden name (Spark's
+    reader skips it), then renamed: a reader never sees half a file. The folder is the driver's checkpoint folder,
+    so on a cluster the checkpoint must be on storage every executor mounts at the same path."""
+    path = Path(final_dir) / f"group-{cls}-{unit}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(pa.Table.from_batches(batches, schema=OUTPUT_SCHEMA), part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def snapshot_parts(blob: bytes) -> list[bytes]:

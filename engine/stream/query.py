@@ -18,7 +18,7 @@ ReplayProcessor, RocksDB, event time) ──► foreachBatch(StreamSink)
   never fed and never silently dropped.
 - A message's fate is known only when the trace ends (SPEC §4.1), so the final tables are produced when the
   watermark passes duration_us: the source's end marker moves it there, every group's end-of-trace event-time
-  timer fires in that micro-batch, and that batch's sink keeps the kernels' final rows in the checkpoint. The
+  timer fires in that micro-batch, and each group's task writes its kernels' final rows into the checkpoint. The
   driver then derives message_outcomes, partition_states, unavailability, committed_offsets, loss_metrics and
   run_summary with the batch job's own `engine.publish` (same windows, same output gate, replaceWhere per
   run_id): they equal batch mode row for row.
@@ -31,8 +31,9 @@ Exactly once
 ------------
 Spark's checkpoint (offsets, commits, RocksDB state) lives in `<checkpoint>/query`. Per-batch appends carry Delta's
 `txnAppId`/`txnVersion` (app id: this checkpoint's uid and the table; version: the batch id), so a batch that runs
-again after a crash writes nothing twice. The final micro-batch overwrites `<checkpoint>/final` (the kernels' last
-rows) and records `final_written` in `<checkpoint>/stream.json`; publishing replaces the runs' rows (idempotent)
+again after a crash writes nothing twice. In the final micro-batch each group replaces its file of
+`<checkpoint>/final` (the kernels' last rows), and the sink records `final_written` in `<checkpoint>/stream.json`;
+publishing replaces the runs' rows (idempotent)
 and records `published`. A restart resumes the query, or publishes, or only reports, by those two marks. The
 kernels and the processor are deterministic, so a micro-batch recomputed from the checkpointed state gives the
 same rows.
@@ -294,7 +295,7 @@ class StreamSink:
                 if LATE in per_type:
                     self._quarantine(df.where(F.col("rtype") == LATE), batch_id)
                 if END in per_type:
-                    self._save_final(df)
+                    self._save_final()
                 written = time.monotonic()
                 if stats is not None:
                     self._report(batch_id, stats, replayed - started, written - replayed)
@@ -360,16 +361,10 @@ class StreamSink:
         self._append_once("quarantine", self._late_rows(late), batch_id)
 
     # ------------------------------------------------------------------------------ the end of the trace
-    def _save_final(self, df) -> None:
-        """The kernels' final rows, kept in the checkpoint until published. They are published from the driver's
-        own session afterwards: foreachBatch hands in a cloned session, whose temporary views (the output gate's)
-        the driver's session cannot see. Overwritten whole, so a micro-batch run again writes the same files."""
-        from pyspark.sql import functions as F
-
-        from engine.groups import FINAL_ROW_TYPES
-
-        (df.where(F.col("rtype").isin(*FINAL_ROW_TYPES)).write.mode("overwrite")
-         .parquet(str(self.ck.final_dir)))
+    def _save_final(self) -> None:
+        """The micro-batch's tasks wrote the kernels' final rows into the checkpoint (`groups.write_final`), kept
+        there until published. They are published from the driver's own session afterwards: foreachBatch hands in
+        a cloned session, whose temporary views (the output gate's) the driver's session cannot see."""
         self.ck.final_written = True
         self.ck.save()
 
@@ -405,7 +400,7 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
             exclude.setdefault(name, []).extend(rows)
         quarantined, gate_report = ck.quarantined, ck.gate_report
     events = replayed_events(spark, tf, exclude)
-    raw = spark.read.parquet(str(ck.final_dir))
+    raw = read_final(spark, ck.final_dir)
     frames = frames_from_raw(spark, runs, raw)
     msgs, states, intervals = frames.message_outcomes, frames.partition_states, frames.unavailability
     events = events.persist()
@@ -523,12 +518,13 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     return report
 
 
-def replay_stream(spark, events_dir: str, plan, plan_file: Path, *,
+def replay_stream(spark, events_dir: str, plan, plan_file: Path, final_dir: Path, *,
                   files_per_trigger: int = DEFAULT_FILES_PER_TRIGGER, complete_as_is: bool = False,
                   exclude_file: Path | None = None):
-    """The streaming DataFrame of the replay (module docstring, "The query"): kernel rows in the schema of
-    `groups.STREAM_OUTPUT_DDL`, one micro-batch at a time. `plan` (a `groups.StreamPlan`) is written
-    to `plan_file`, where the source's readers find it."""
+    """The streaming DataFrame of the replay (module docstring, "The query"): per micro-batch, its STATS and LATE
+    rows, and at the end of the trace the END row, in the schema of `groups.STREAM_OUTPUT_DDL`. The groups'
+    final rows go to `final_dir` (`groups.write_final`; read them with `read_final`). `plan` (a
+    `groups.StreamPlan`) is written to `plan_file`, where the source's readers find it."""
     import pickle
 
     from pyspark.sql import functions as F
@@ -551,7 +547,13 @@ def replay_stream(spark, events_dir: str, plan, plan_file: Path, *,
                    # the event-time column, Spark's own late-row filter has nothing to apply to.
                    .drop("_event_time", "max_ts_us"))
     return (watermarked.groupBy(*GROUP_KEY)
-            .transformWithStateInPandas(ReplayProcessor(plan), STREAM_OUTPUT_DDL, "Append", "EventTime"))
+            .transformWithStateInPandas(ReplayProcessor(plan, str(final_dir)), STREAM_OUTPUT_DDL, "Append",
+                                        "EventTime"))
+
+
+def read_final(spark, final_dir: Path):
+    """The groups' final rows (`engine.groups.OUTPUT_DDL`) that the end-of-trace micro-batch wrote."""
+    return spark.read.parquet(str(final_dir))
 
 
 def stream_plan(manifest, runs, window_ms: int, allowed_lateness_ms: int, *, rank_base: int | None = 1,
@@ -575,7 +577,7 @@ def _run_query(spark, tf, plan, ck: StreamCheckpoint, request: ReplayRequest, st
     sink = StreamSink(spark, lakehouse, tf, runs, request, ck, live, step)
     sink.resume()
 
-    replayed = replay_stream(spark, str(tf.events_path), plan, ck.root / "plan.pkl",
+    replayed = replay_stream(spark, str(tf.events_path), plan, ck.root / "plan.pkl", ck.final_dir,
                              files_per_trigger=files_per_trigger,
                              complete_as_is=bool(ck.complete_as_is),
                              exclude_file=ck.exclude_file if ck.exclude_file.is_file() else None)

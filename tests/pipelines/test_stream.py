@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,7 @@ class CoreRun:
     batches: list[pa.Table] = field(default_factory=list)
     query: Any = None
     runs: Any = None
+    final_dir: Path | None = None  # where the groups wrote their final rows
 
     def start(self, spark, checkpoint: Path) -> None:
         from engine.stream.query import is_complete, replay_stream, stream_plan
@@ -106,8 +108,9 @@ class CoreRun:
         self.runs = policy_runs(self.policies, manifest)
         ids = table.filter(pc.equal(table.column("kind"), "produce")).column("msg_id")
         plan = stream_plan(manifest, self.runs, 1000, self.lateness_ms, rank_base=int(pc.min(ids).as_py()))
+        self.final_dir = checkpoint.parent / f"{checkpoint.name}.final"
         stream = replay_stream(spark, str(self.trace / "events"), plan, checkpoint.parent / f"{checkpoint.name}.plan",
-                               complete_as_is=as_is)
+                               self.final_dir, complete_as_is=as_is)
 
         def collect(df, batch_id: int) -> None:
             self.batches.append(df.toArrow())
@@ -158,13 +161,13 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
     row."""
     from pyspark.testing import assertDataFrameEqual
 
-    from engine.groups import FINAL_ROW_TYPES
     from engine.replay import frames_from_raw
+    from engine.stream.query import read_final
 
     manifest, events = read_events_spark(spark, batch_trace or run.trace)
     batch = replay_frames(spark, manifest, events, run.runs)
     try:
-        raw = spark.createDataFrame(run.rows(FINAL_ROW_TYPES))
+        raw = read_final(spark, run.final_dir)
         stream = frames_from_raw(spark, run.runs, raw)
         assertDataFrameEqual(stream.message_outcomes, batch.message_outcomes)
         assertDataFrameEqual(stream.partition_states, batch.partition_states)
@@ -322,6 +325,7 @@ def test_every_golden_scenario_stream_equals_batch(spark, all_golden_runs, name)
 
 
 def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
+    from engine.groups import FINAL_ROW_TYPES
     from engine.stream.groups import STATS
 
     run = core_runs["chaos"]
@@ -329,6 +333,10 @@ def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
     assert sum(stats.column("rows_late").to_pylist()) == 0
     assert sum(stats.column("rows_in").to_pylist()) == read_events_arrow(run.trace)[1].num_rows
     assert len([b for b in run.batches if b.num_rows]) >= 5  # four files, then the end-of-trace timers
+    # The final rows went to the groups' files, not through the stream; no half-written file is left
+    assert run.rows(FINAL_ROW_TYPES).num_rows == 0
+    names = [p.name for p in run.final_dir.iterdir()]
+    assert len(names) >= len(CHAOS_PRESETS) and all(re.fullmatch(r"group-\d+-(-1|\d+)\.parquet", n) for n in names)
     assert_same_as_batch(spark, run)
 
 
