@@ -165,7 +165,7 @@ class Lakehouse:
         log operations whose latency, not CPU, dominates (a new lakehouse's tables took one chain each)."""
         specs = [self.spec(n) for n in dict.fromkeys(names) if n not in self._ready]
         self.root.mkdir(parents=True, exist_ok=True)
-        _in_threads([lambda spec=spec: self._ensure(spec) for spec in specs])
+        in_threads([lambda spec=spec: self._ensure(spec) for spec in specs])
 
     def _ensure(self, spec: TableSpec) -> None:
         from delta.tables import DeltaTable
@@ -376,12 +376,12 @@ class Lakehouse:
                 gate()
             # Different tables, independent commits: written concurrently (the runs row is the commit marker).
             names = [name for name in RUN_TABLES if name in tables]
-            _in_threads([lambda name=name: txn.write(name, tables[name]) for name in names],
+            in_threads([lambda name=name: txn.write(name, tables[name]) for name in names],
                         done=lambda i: step(f"wrote {names[i]}"))
             txn.succeed()
 
 
-def _in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
+def in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
                 done: Callable[[int], None] | None = None) -> None:
     """Run Spark/Delta actions from several driver threads (Spark schedules concurrent jobs); the first error
     is raised after every action has ended, so none is left running behind the caller. `done(i)` is called in

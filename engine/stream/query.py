@@ -212,12 +212,13 @@ def late_rows(lakehouse, run_ids: list[str]) -> dict[str, list[int]]:
 
 
 def _gate_complete_trace(spark, tf, lakehouse, runs, ck: StreamCheckpoint) -> None:
-    """The trace gate before the stream (as in batch mode); quarantined rows and msg_id ranks go to the checkpoint."""
+    """The trace gate before the stream (as in batch mode); quarantined rows and msg_id ranks go to the checkpoint.
+    Its validations row is kept in `lakehouse` for the caller's next commit, which also records `gated`."""
     from pyspark.sql import functions as F
 
     from expectations.trace_gate import run_trace_gate
 
-    events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=[r.run_id for r in runs])
+    events, gate = run_trace_gate(spark, tf, lakehouse, run_ids=[r.run_id for r in runs], defer_validations=True)
     try:
         exclude: dict[str, list[int]] = {}
         if gate.quarantined:
@@ -232,9 +233,8 @@ def _gate_complete_trace(spark, tf, lakehouse, runs, ck: StreamCheckpoint) -> No
             sorted_ids = np.sort(ids.toArrow().column("msg_id").to_numpy(zero_copy_only=False).astype(np.int64))
             np.save(ck.msg_ids_file, sorted_ids)
             ck.rank_base = None
-        ck.quarantined, ck.gated = gate.quarantined, True
+        ck.quarantined = gate.quarantined
         ck.gate_report = str(gate.report_html) if gate.report_html else None
-        ck.save()
     finally:
         if gate.report is not None:
             gate.report.release()
@@ -414,7 +414,7 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
                                 histograms=frames.histograms)
         checks = invariants.checks(spark, runs, msgs, states, control_timeline(events))
         summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
-                            extra_checks=checks)
+                            extra_checks=checks, progress=progress)
     finally:
         events.unpersist()
     ck.published = True
@@ -451,7 +451,7 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     """The whole replay of one trace under every policy of the request, as a stream (see the module docstring)."""
 
     from schemas.errors import BadInput
-    from storage.lakehouse import Lakehouse
+    from storage.lakehouse import Lakehouse, in_threads
     from storage.trace_loader import locate
 
     check_request(request)
@@ -486,15 +486,22 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     if not live and not ck.gated:
         step("trace gate")
         _gate_complete_trace(spark, tf, lakehouse, runs, ck)
-    if not ck.started:
+    resumed = ck.started
+
+    def start_runs() -> None:
         # A fresh replay: its runs are `running` (mode stream) and earlier watermarks/late rows of them go away.
         lakehouse.ensure_tables(["runs", "watermarks"])
         lakehouse.begin_runs(run_records(runs, manifest.trace_id, "stream"))
         lakehouse.delete_rows("watermarks", "run_id", run_ids)
         if live and lakehouse.version("quarantine") is not None:
             lakehouse.delete_rows("quarantine", "run_id", run_ids)
-        ck.started = True
-        ck.save()
+
+    # The gate's validations row (if it just ran) and the runs marked running are independent commits: written
+    # concurrently, then recorded. A crash before that runs both again (each replaces its own rows).
+    in_threads([lakehouse.flush_validations, *([] if resumed else [start_runs])])
+    ck.gated = ck.gated or not live
+    ck.started = True
+    ck.save()
 
     sorted_ids = np.load(ck.msg_ids_file) if (ck.gated and ck.rank_base is None) else None
     # A live trace's msg_ids are dense from 1 (generators number them so); a gated one's range was read.
@@ -504,7 +511,7 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
     tracker = start_tracker(request, manifest, runs, "stream")
     if not ck.final_written:
         _run_query(spark, tf, plan, ck, request, step, live, files_per_trigger, live_trigger_seconds, runs,
-                   lakehouse, tracker)
+                   lakehouse, tracker, resumed)
     try:
         done = publish_final(spark, lakehouse, tf, runs, request, ck, live, tracker, step)
     except Exception as exc:
@@ -570,12 +577,14 @@ def stream_plan(manifest, runs, window_ms: int, allowed_lateness_ms: int, *, ran
 
 
 def _run_query(spark, tf, plan, ck: StreamCheckpoint, request: ReplayRequest, step, live: bool,
-               files_per_trigger: int, live_trigger_seconds: float, runs, lakehouse, tracker) -> None:
+               files_per_trigger: int, live_trigger_seconds: float, runs, lakehouse, tracker,
+               resumed: bool) -> None:
     """Run the streaming query until the micro-batch in which every group finished has been saved."""
     from schemas.errors import ReplabError
 
     sink = StreamSink(spark, lakehouse, tf, runs, request, ck, live, step)
-    sink.resume()
+    if resumed:  # a fresh replay has just deleted its runs' watermarks rows: nothing to read back
+        sink.resume()
 
     replayed = replay_stream(spark, str(tf.events_path), plan, ck.root / "plan.pkl", ck.final_dir,
                              files_per_trigger=files_per_trigger,

@@ -472,6 +472,7 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     from pyspark.sql import functions as F
 
     from engine.stream.query import LATE_RULE, run_stream_replay
+    from expectations.trace_gate import SUITE as TRACE_SUITE
     from storage.lakehouse import Lakehouse, in_predicate
 
     specs = ["kafka-durable", "dledger-3"]
@@ -498,6 +499,9 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
 
     runs = {r["run_id"]: r for r in lh.read("runs").where(mine).collect()}
     assert {(r["mode"], r["status"]) for r in runs.values()} == {("stream", "succeeded")}
+    # The trace gate's row per run (written beside the runs' start, once, after the restart too)
+    gated = lh.read("validations").where(mine).where(F.col("suite") == TRACE_SUITE).collect()
+    assert sorted(r["run_id"] for r in gated) == sorted(run_ids) and all(r["success"] for r in gated)
     marks = lh.read("watermarks").where(mine).collect()
     for run_id in run_ids:
         rows = sorted((r for r in marks if r["run_id"] == run_id), key=lambda r: r["batch"])
