@@ -377,12 +377,12 @@ class Lakehouse:
             # Different tables, independent commits: written concurrently (the runs row is the commit marker).
             names = [name for name in RUN_TABLES if name in tables]
             in_threads([lambda name=name: txn.write(name, tables[name]) for name in names],
-                        done=lambda i: step(f"wrote {names[i]}"))
+                       done=lambda i: step(f"wrote {names[i]}"))
             txn.succeed()
 
 
 def in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
-                done: Callable[[int], None] | None = None) -> None:
+               done: Callable[[int], None] | None = None) -> None:
     """Run Spark/Delta actions from several driver threads (Spark schedules concurrent jobs); the first error
     is raised after every action has ended, so none is left running behind the caller. `done(i)` is called in
     the caller's thread as action i succeeds, in the order they end."""

@@ -33,10 +33,9 @@ Spark's checkpoint (offsets, commits, RocksDB state) lives in `<checkpoint>/quer
 `txnAppId`/`txnVersion` (app id: this checkpoint's uid and the table; version: the batch id), so a batch that runs
 again after a crash writes nothing twice. In the final micro-batch each group replaces its file of
 `<checkpoint>/final` (the kernels' last rows), and the sink records `final_written` in `<checkpoint>/stream.json`;
-publishing replaces the runs' rows (idempotent)
-and records `published`. A restart resumes the query, or publishes, or only reports, by those two marks. The
-kernels and the processor are deterministic, so a micro-batch recomputed from the checkpointed state gives the
-same rows.
+publishing replaces the runs' rows (idempotent) and records `published`. A restart resumes the query, or
+publishes, or only reports, by those two marks. The kernels and the processor are deterministic, so a micro-batch
+recomputed from the checkpointed state gives the same rows.
 
 Assumptions (where a stream cannot know what the batch job reads from the whole trace)
 -------------------------------------------------------------------------------------
@@ -295,7 +294,7 @@ class StreamSink:
                 if LATE in per_type:
                     self._quarantine(df.where(F.col("rtype") == LATE), batch_id)
                 if END in per_type:
-                    self._save_final()
+                    self._record_final_written()
                 written = time.monotonic()
                 if stats is not None:
                     self._report(batch_id, stats, replayed - started, written - replayed)
@@ -361,7 +360,7 @@ class StreamSink:
         self._append_once("quarantine", self._late_rows(late), batch_id)
 
     # ------------------------------------------------------------------------------ the end of the trace
-    def _save_final(self) -> None:
+    def _record_final_written(self) -> None:
         """The micro-batch's tasks wrote the kernels' final rows into the checkpoint (`groups.write_final`), kept
         there until published. They are published from the driver's own session afterwards: foreachBatch hands in
         a cloned session, whose temporary views (the output gate's) the driver's session cannot see."""
