@@ -11,14 +11,15 @@ small trace (the SparkSession start and the first Python workers are not counted
 - end to end: events / wall seconds of the whole call (trace gate, stream, windows, output gate, Delta tables),
   the figure SPEC §10 asks for;
 - stream: events / wall seconds from the query's start to the end of the end-of-trace micro-batch, its writes
-  included (source, watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends, the final
-  rows into the checkpoint);
+  included (source, watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends, each
+  group's final rows written into the checkpoint by its task);
 - per-CPU: events per CPU-second of this session's processes (driver, JVM, Python workers), since the machine may
   be shared (the load average is printed): twice that figure is what local[2] reaches with both cores to itself;
 - the profile: the time before the stream (trace gate, runs marked), the stream, the publishing after it (windows,
   output gate, Delta tables), and per micro-batch the time the sink reports for computing it (source, routing,
-  state store, kernels) and for writing it (the watermarks append, the final rows), beside Spark's own figures for
-  the trigger (a StreamingQueryListener: triggerExecution, queryPlanning, walCommit, commitOffsets).
+  state store, kernels; in the last one also the final rows the tasks write) and for writing it (the watermarks
+  append, late rows), beside Spark's own figures for the trigger (a StreamingQueryListener: triggerExecution,
+  queryPlanning, walCommit, commitOffsets).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ BATCH_LINE = re.compile(r"micro-batch (\d+): .*?([\d,]+) rows in, .*replayed in 
 class MicroBatch:
     batch: int
     rows_in: int
-    replayed_seconds: float  # the sink's action: source, routing, state store, kernels
-    written_seconds: float  # the sink's Delta appends and, in the last one, the final rows
+    replayed_seconds: float  # the sink's action: source, routing, state store, kernels (and the tasks' final rows)
+    written_seconds: float  # the sink's Delta appends (watermarks, late rows)
     trigger_seconds: float | None = None  # Spark's whole trigger (StreamingQueryProgress.durationMs)
     planning_seconds: float | None = None
     log_seconds: float | None = None  # the offsets write-ahead log and the commit log

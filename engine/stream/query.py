@@ -324,7 +324,8 @@ class StreamSink:
 
     def _report(self, batch_id: int, stats, replay_s: float, write_s: float) -> None:
         """One line per micro-batch, with where its time went: computing it (source, routing, state store,
-        kernels) and writing it (the watermarks append, late rows, the final rows)."""
+        kernels; at the end of the trace also the final rows each group's task writes) and writing it (the
+        watermarks append, late rows)."""
         self.progress(f"micro-batch {batch_id}: watermark {int(stats['watermark_us']) / 1e6:.3f} s, "
                       f"max event {(self.max_event_us or 0) / 1e6:.3f} s, {int(stats['rows_in'] or 0):,} rows in, "
                       f"{int(stats['rows_late'] or 0):,} late; replayed in {replay_s:.2f} s, written in "
