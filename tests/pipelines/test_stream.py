@@ -487,9 +487,14 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
         kill_after_micro_batch(cli, env, tmp_path, batch=1, timeout_s=TIMEOUT_S)
         assert not json.loads((checkpoint / "stream.json").read_text())["published"]  # killed mid-way
 
+    steps: list[str] = []
     report = run_stream_replay(spark, ReplayRequest(
         trace=str(late_trace.trace), policies=policies, lakehouse=str(lakehouse), mode="stream", mlflow=False,
-        checkpoint=str(checkpoint), allowed_lateness_ms=late_trace.lateness_ms))
+        checkpoint=str(checkpoint), allowed_lateness_ms=late_trace.lateness_ms), progress=steps.append)
+    # Publishing reports its steps, in order, after the stream's last micro-batch
+    published = [s for s in steps if s in ("windows, output gate, Delta tables", "output gate", "Delta tables")]
+    assert published == ["windows, output gate, Delta tables", "output gate", "Delta tables"], steps
+    assert steps.index(published[0]) > max(i for i, s in enumerate(steps) if s.startswith("micro-batch"))
     run_ids = [r.run_id for r in report.runs]
     duration_us = read_events_arrow(late_trace.trace)[0].duration_us
     lh = Lakehouse(lakehouse, spark)
