@@ -37,6 +37,7 @@ from engine.plan import (
     run_records,
 )
 from storage.session import local_frame, uncompressed_cache
+from storage.trace_loader import ProduceStats, TraceDigest
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -68,16 +69,20 @@ class ReplayFrames:
             self.raw.unpersist()
 
 
-def control_timeline(events_df):
-    """The fault timeline (crash … heal, no replicate, no produce) on the driver: small by nature."""
+def control_timeline(events_df, digest: TraceDigest | None = None):
+    """The fault timeline (crash … heal, no replicate, no produce) on the driver: small by nature. Read off
+    `digest` (the trace gate's, when it held the trace) if given, else by one Spark job over `events_df`."""
     from pyspark.sql import functions as F
 
     from replay.events import PartitionEvents
-    from schemas.trace import Kind, kind_codes
+    from schemas.trace import CONTROL_KINDS, kind_codes
+    from storage.trace_loader import CONTROL_COLUMNS
 
-    control_kinds = [k.label for k in Kind if k not in (Kind.REPLICATE, Kind.PRODUCE)]
-    rows = (events_df.where(F.col("kind").isin(*control_kinds)).select("ts_us", "kind", "broker")
-            .toArrow())
+    if digest is not None:
+        rows = digest.control
+    else:
+        rows = (events_df.where(F.col("kind").isin(*[k.label for k in CONTROL_KINDS])).select(*CONTROL_COLUMNS)
+                .toArrow())
     ts = rows.column("ts_us").to_numpy(zero_copy_only=False).astype(np.int64)
     kind = kind_codes(rows.column("kind"))
     broker = rows.column("broker").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -109,15 +114,16 @@ def replay_tasks(groups: int, outcomes: int, shuffle_partitions: int) -> int:
     return max(1, min(groups, max(shuffle_partitions, outcomes // TASK_OUTCOMES)))
 
 
-def produce_counts(produce_df):
-    """(lowest msg_id, highest msg_id, produce events) of the trace: one Spark job."""
+def produce_counts(produce_df) -> ProduceStats:
+    """The produce rows' msg_id range and count: one Spark job (`TraceDigest.produce` where the driver has it)."""
     from pyspark.sql import functions as F
 
-    return produce_df.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"),
-                          F.count(F.lit(1)).alias("n")).first()
+    row = produce_df.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"),
+                         F.count(F.lit(1)).alias("n")).first()
+    return ProduceStats(row["lo"], row["hi"], int(row["n"]))
 
 
-def with_msg_rank(produce_df, stats=None):
+def with_msg_rank(produce_df, stats: ProduceStats | None = None):
     """Each message's index in msg_id order over the whole trace (SPEC §3.2 rule 1, §3.3 rule 2).
 
     Generated traces number messages densely (1..n), and msg_id is unique (trace gate), so the rank is
@@ -127,10 +133,8 @@ def with_msg_rank(produce_df, stats=None):
     from pyspark.sql import functions as F
 
     stats = stats or produce_counts(produce_df)
-    if stats["n"] == 0:
-        return produce_df.withColumn("msg_rank", F.lit(0).cast("long"))
-    if stats["hi"] - stats["lo"] + 1 == stats["n"]:
-        return produce_df.withColumn("msg_rank", F.col("msg_id") - F.lit(int(stats["lo"])))
+    if stats.dense:
+        return produce_df.withColumn("msg_rank", F.col("msg_id") - F.lit(int(stats.lo or 0)))
     spark = produce_df.sparkSession
     parts = max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
     ordered = (produce_df.repartitionByRange(parts, "msg_id").sortWithinPartitions("msg_id")
@@ -179,8 +183,10 @@ def sort_prefix(classes, duration_us: int):
 
 
 # ------------------------------------------------------------------------------------------------ the replay
-def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_ms: int = 1000) -> ReplayFrames:
-    """Steps 2-5 of the module docstring for clean events (SPEC §2.1 columns); nothing is written."""
+def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_ms: int = 1000,
+                  digest: TraceDigest | None = None) -> ReplayFrames:
+    """Steps 2-5 of the module docstring for clean events (SPEC §2.1 columns); nothing is written. `digest`: the
+    trace gate's digest of these very events, if it has one (`GateResult.digest`)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -194,12 +200,12 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     from schemas.trace import Kind
 
     classes = route_classes(runs)
-    plan = ReplayPlan(manifest, classes, control_timeline(events_df), window_us=window_ms * 1000)
+    plan = ReplayPlan(manifest, classes, control_timeline(events_df, digest), window_us=window_ms * 1000)
 
     events = events_df.withColumn("kind_code", _kind_code())
     produce_events = (events.where(F.col("kind_code") == int(Kind.PRODUCE))
                       .select("ts_us", "msg_id", "key", "size_bytes", "producer_id"))
-    counts = produce_counts(produce_events)
+    counts = digest.produce if digest is not None else produce_counts(produce_events)
     produce = with_msg_rank(produce_events, counts)
     routed = produce.mapInArrow(route_batches(plan), ROUTED_DDL)
 
@@ -215,7 +221,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         F.lit(None).cast("long").alias("delay_us"))
 
     groups = max(1, sum(len(rc.units) for rc in classes))
-    parts = replay_tasks(groups, int(counts["n"]) * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
+    parts = replay_tasks(groups, counts.n * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
     grouped = (routed.unionByName(broker_rows)
                .repartition(parts, "cls", "unit")
                .sortWithinPartitions(sort_prefix(classes, manifest.duration_us), *GROUP_ORDER))
@@ -380,7 +386,7 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             step("MLflow runs")
         tracker = start_tracker(request, manifest, runs, request.mode)
         step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
-        frames = replay_frames(spark, manifest, events, runs, request.window_ms)
+        frames = replay_frames(spark, manifest, events, runs, request.window_ms, gate.digest)
         try:
             results = ReplayResults(
                 run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expectations import runner
 from expectations.trace_rules import (  # the rules' one definition (SPEC §2.3), re-exported for the gate's users
@@ -45,6 +45,9 @@ from expectations.trace_rules import (  # the rules' one definition (SPEC §2.3)
 )
 from schemas.errors import BadInput
 from schemas.trace import EVENT_COLUMNS, Kind, Manifest, TraceFiles
+
+if TYPE_CHECKING:
+    from storage.trace_loader import TraceDigest
 
 SUITE = "trace_gate"
 EVENT_NAMES: tuple[str, ...] = tuple(n for n, _ in EVENT_COLUMNS)
@@ -510,6 +513,9 @@ class GateResult:
     report_json: Path | None
     report_html: Path | None
     report: TraceRuleReport | None = None
+    #: The clean events' digest when the gate held the trace on the driver and quarantined nothing (the clean
+    #: events are then the whole trace); None otherwise: the replay asks Spark.
+    digest: TraceDigest | None = None
 
 
 def _statistics(results: Sequence[dict[str, Any]]) -> tuple[int, int]:
@@ -546,7 +552,7 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     """
     from expectations.report import report_dir, write_report
     from storage.lakehouse import Lakehouse
-    from storage.trace_loader import event_rows, locate, read_events_located, read_events_spark
+    from storage.trace_loader import event_rows, locate, read_events_located, read_events_spark, trace_digest
 
     # Opened without creating tables: a refused trace must not add a table version anywhere (SPEC §2.3).
     lh = Lakehouse(lakehouse, spark=spark, create=False) if isinstance(lakehouse, str | Path) else lakehouse
@@ -574,7 +580,9 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
         raise
     tid = trace_id or manifest.trace_id
     report = check_trace_rules(spark, events, manifest, located=located)
-    del located  # the replay needs only the Spark frame
+    digest = trace_digest(located) if located is not None and report.success and not report.quarantine_count \
+        else None
+    del located  # the replay needs only the Spark frame and the digest
     report.trace_id = tid
     evaluated, successful = _statistics(report.gx_results)
     unexpected = report.fatal_count + report.quarantine_count
@@ -603,7 +611,7 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
         report.release()
     result = GateResult(SUITE, tid, True, evaluated, successful, unexpected, report.quarantine_count,
                         paths.json_path if paths is not None else None,
-                        paths.html_path if paths is not None else None, report)
+                        paths.html_path if paths is not None else None, report, digest)
     return clean, result
 
 

@@ -51,6 +51,10 @@ def kind_codes(labels: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return codes.to_numpy(zero_copy_only=False).astype(np.int8)
 
 
+#: The fault timeline's kinds (crash … heal): every kind but replicate and produce. Few per trace, so a replay
+#: holds them on its driver (`engine.replay.control_timeline`).
+CONTROL_KINDS: tuple[Kind, ...] = tuple(k for k in Kind if k not in (Kind.REPLICATE, Kind.PRODUCE))
+
 #: Kinds that stop a broker, and what survives (SPEC §2.2).
 STOP_KINDS = frozenset({Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN})
 

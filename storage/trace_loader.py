@@ -8,6 +8,7 @@ column where int64 is due is an error, not a cast). The validity rules of SPEC �
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -18,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 
 from schemas.errors import BadInput
-from schemas.trace import EVENT_ARROW_SCHEMA, EVENT_COLUMNS, KIND_LABELS, Manifest, TraceFiles
+from schemas.trace import CONTROL_KINDS, EVENT_ARROW_SCHEMA, EVENT_COLUMNS, KIND_LABELS, Kind, Manifest, TraceFiles
 
 _INT_RANGES = {pa.int64(): (-(2**63), 2**63 - 1), pa.int32(): (-(2**31), 2**31 - 1)}
 
@@ -230,3 +231,43 @@ def read_events_located(tf: TraceFiles) -> pa.Table:
     with_location=True)` has them, in (file, row) order: what the trace gate checks a small trace on."""
     parts = [_located(table, path) for path, table in _checked_parts(tf)]
     return pa.concat_tables(parts) if parts else _located(EVENT_ARROW_SCHEMA.empty_table(), "")
+
+
+# ------------------------------------------------------------------------------------------- trace digest
+@dataclass(frozen=True)
+class ProduceStats:
+    """The produce rows' lowest and highest msg_id (None without produce rows) and how many there are."""
+
+    lo: int | None
+    hi: int | None
+    n: int
+
+    @property
+    def dense(self) -> bool:
+        """msg_ids lo..hi, each once (msg_id is unique after the trace gate): a message's rank is msg_id − lo."""
+        return self.n == 0 or (self.hi - self.lo + 1 == self.n)
+
+
+#: The control rows' columns a replay's driver reads (`engine.replay.control_timeline`).
+CONTROL_COLUMNS = ("ts_us", "kind", "broker")
+
+
+@dataclass(frozen=True)
+class TraceDigest:
+    """What a replay's driver needs of the whole trace before its Spark work: the fault timeline's rows
+    (CONTROL_KINDS, CONTROL_COLUMNS) and the produce rows' msg_id range and count. Read off a trace the driver
+    already holds in Arrow (the trace gate's, for a small trace), it spares the replay two scans of the trace
+    by Spark, one of them the session's first job."""
+
+    control: pa.Table
+    produce: ProduceStats
+
+
+def trace_digest(table: pa.Table) -> TraceDigest:
+    """The digest of a trace's events in Arrow (SPEC §2.1 columns; extra columns ignored)."""
+    kind = table["kind"]
+    control = table.filter(pc.is_in(kind, value_set=pa.array([k.label for k in CONTROL_KINDS])))
+    ids = table["msg_id"].filter(pc.equal(kind, Kind.PRODUCE.label))
+    bounds = pc.min_max(ids)
+    return TraceDigest(control.select(list(CONTROL_COLUMNS)),
+                       ProduceStats(bounds["min"].as_py(), bounds["max"].as_py(), len(ids)))

@@ -72,6 +72,7 @@ from engine.replay import (
     control_timeline,
     finish_tracker,
     frames_from_raw,
+    produce_counts,
     start_tracker,
     write_summary_json,
 )
@@ -225,9 +226,9 @@ def _gate_complete_trace(spark, tf, lakehouse, runs, ck: StreamCheckpoint) -> No
                 exclude.setdefault(Path(r["_file"]).name, []).append(int(r["_row"]))
         ck.exclude_file.write_text(json.dumps(exclude))
         ids = events.where(F.col("kind") == "produce").select("msg_id")
-        stats = ids.agg(F.min("msg_id").alias("lo"), F.max("msg_id").alias("hi"), F.count(F.lit(1)).alias("n")).first()
-        if stats["n"] == 0 or stats["hi"] - stats["lo"] + 1 == stats["n"]:
-            ck.rank_base = int(stats["lo"] or 0)
+        stats = gate.digest.produce if gate.digest is not None else produce_counts(ids)
+        if stats.dense:
+            ck.rank_base = int(stats.lo or 0)
         else:  # ids with gaps: the rank is the position in the sorted ids
             sorted_ids = np.sort(ids.toArrow().column("msg_id").to_numpy(zero_copy_only=False).astype(np.int64))
             np.save(ck.msg_ids_file, sorted_ids)

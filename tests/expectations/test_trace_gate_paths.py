@@ -151,3 +151,43 @@ def test_gate_checks_small_traces_on_the_driver_and_the_rest_in_spark(spark, tmp
     _, larger = run_trace_gate(spark, trace, None, local_rows=4)
     assert larger.report.checked_on == "spark" and larger.quarantined == 1
     larger.report.release()
+
+
+def test_a_gate_that_held_the_trace_digests_it_as_spark_would_read_its_clean_events(spark, tmp_path):
+    """`GateResult.digest` (the driver path, nothing quarantined) holds what the replay's driver would otherwise
+    ask Spark for: the fault timeline and the produce rows' msg_id range and count. The Spark path, and a gate
+    that quarantined rows (its clean events are not the trace), give none."""
+    from pyspark.sql import functions as F
+
+    from engine.replay import control_timeline, produce_counts
+    from storage.trace_loader import ProduceStats
+
+    produce = {"kind": "produce", "size_bytes": 10, "producer_id": 0}
+    faults = [{"ts_us": 10, "kind": "crash", "broker": 1}, {"ts_us": 12, "kind": "isolate", "broker": 2},
+              {"ts_us": 30, "kind": "restart", "broker": 1}, {"ts_us": 35, "kind": "heal", "broker": 2}]
+    cases = {  # msg_ids with a gap (ranked by a sort), then a trace without produce rows
+        "gaps": ([[{"ts_us": 0, "msg_id": 9, **produce}, *faults[:2]],
+                  [{"ts_us": 20, "kind": "replicate", "broker": 0, "upto_us": 5}, *faults[2:],
+                   {"ts_us": 40, "msg_id": 5, **produce}, {"ts_us": 45, "msg_id": 7, **produce}]],
+                 ProduceStats(5, 9, 3)),
+        "faults only": ([faults], ProduceStats(None, None, 0)),
+    }
+    for name, (files, stats) in cases.items():
+        trace = write_trace(tmp_path / name / ODD_DIR, files)
+        clean, result = run_trace_gate(spark, trace, None, local_rows=LOCAL_ROWS)
+        assert result.digest is not None and result.digest.produce == stats
+        assert result.digest.produce.dense == (stats.n == 0)
+        assert produce_counts(clean.where(F.col("kind") == "produce")) == stats
+        held, asked = control_timeline(clean, result.digest), control_timeline(clean)
+        assert held.broker_ts.tolist() == asked.broker_ts.tolist() == [10, 12, 30, 35]
+        assert held.broker_kind.tolist() == asked.broker_kind.tolist() == [0, 4, 5, 6]
+        assert held.broker_id.tolist() == asked.broker_id.tolist() == [1, 2, 1, 2]
+        result.report.release()
+        _, in_spark = run_trace_gate(spark, trace, None, local_rows=0)
+        assert in_spark.digest is None
+    quarantining = write_trace(tmp_path / "quarantining", [[{"ts_us": 0, "msg_id": 1, **produce}, faults[0],
+                                                          {"ts_us": 20, "kind": "replicate", "broker": 1,
+                                                           "upto_us": 5}]])
+    _, result = run_trace_gate(spark, quarantining, None, local_rows=LOCAL_ROWS)
+    assert result.quarantined == 1 and result.digest is None
+    result.report.release()
