@@ -17,7 +17,7 @@ from enum import IntEnum
 import numpy as np
 
 from replay.kernels._arrays import compiled, in_runs, timeline_row
-from schemas.outcomes import NULL_US
+from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 
 INF = np.iinfo(np.int64).max // 64
@@ -54,6 +54,7 @@ class AckCode(IntEnum):
 _WAITING, _REFUSED, _APPENDED, _ACKED = (int(MsgState.WAITING), int(MsgState.REFUSED), int(MsgState.APPENDED),
                                          int(MsgState.ACKED))
 _SYNC, _OS = int(FlushCode.SYNC), int(FlushCode.OS)
+_NO_ERROR = int(Error.NONE)
 _ZERO, _ONE, _ALL = int(AckCode.ZERO), int(AckCode.ONE), int(AckCode.ALL)
 
 # Indices of the carried scalars in `sc` (read and written back by `steady`).
@@ -135,7 +136,7 @@ def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing
 
 @compiled
 def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s_keyid, sched_key, sched_row,
-           msg, prod, size, dead, state, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
+           msg, prod, size, dead, state, err, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
            log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
            lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out):
     """Apply the due stream events of one steady stretch (see the module docstring). Returns nothing: the
@@ -239,8 +240,9 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
             else:  # -------------------------------------------------------- rules 3-4: a new message
                 r = pend_n
                 pend_n += 1
+                # Every column of the new row is written: the row may be one a compaction left stale (Table.keep)
                 msg[r], prod[r], size[r], dead[r] = s_msg[j], t, s_size[j], t + delivery
-                state[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, t, 0, -1, -1
+                state[r], err[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, _NO_ERROR, t, 0, -1, -1
                 req[r], ack[r], vis[r] = INF, NULL_US, NULL_US
                 pid[r], part[r], keyid[r] = s_pid[j], s_part[j], s_keyid[j]
         else:  # --------------------------------------------------------- a NotEnoughReplicas retry (rule 3)

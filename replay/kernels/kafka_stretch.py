@@ -88,8 +88,8 @@ class KafkaStretches:
         p = self.s_payload
         steady.steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, p["pid"],
                       p["part"], p["keyid"], self.sched_key, self.sched_row, c["msg"], c["prod"], c["size"],
-                      c["dead"], c["state"], c["anchor"], c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"],
-                      c["pid"], c["part"], c["keyid"], self.log_len, self.fetched, self.lcu, self.flushed_all,
+                      c["dead"], c["state"], c["err"], c["anchor"], c["nref"], c["pe"], c["po"], c["req"], c["ack"],
+                      c["vis"], c["pid"], c["part"], c["keyid"], self.log_len, self.fetched, self.lcu, self.flushed_all,
                       self.dur_d, self.dur_len, self.dur_n, ok_rep, in_isr, in_view, lead_runs,
                       reserve(self.lead_app, due), reserve(self.lead_cum, due), reserve(ep_app, due),
                       reserve(ep_size, due), rows, unav, extra, hw_ch)
