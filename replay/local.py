@@ -13,7 +13,7 @@ from replay.events import PartitionEvents, split_trace_table
 from replay.families import RouteInput, family_of
 from replay.policies import Policy
 from replay.results import PartitionResult
-from schemas.trace import STOP_KINDS, Kind, Manifest
+from schemas.trace import CONTROL_KINDS, Manifest
 
 
 def msg_rank(msg_id: np.ndarray) -> np.ndarray:
@@ -26,8 +26,7 @@ def msg_rank(msg_id: np.ndarray) -> np.ndarray:
 
 def control_events(events: PartitionEvents) -> PartitionEvents:
     """The broker events that are not replication progress: the small fault timeline routing may need."""
-    control_kinds = [int(k) for k in (*STOP_KINDS, Kind.ISOLATE, Kind.RESTART, Kind.HEAL)]
-    keep = np.isin(events.broker_kind, control_kinds)
+    keep = np.isin(events.broker_kind, [int(k) for k in CONTROL_KINDS])
     return PartitionEvents(events.produce_ts[:0], events.produce_msg[:0], events.produce_size[:0],
                            events.broker_ts[keep], events.broker_kind[keep], events.broker_id[keep],
                            events.broker_upto[keep])
