@@ -21,29 +21,30 @@ def merge_stream(b_ts, b_kind, b_rep, b_upto, p_ts, p_msg, p_size, p_pid, p_part
         if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:
             nr += 1
     n = nr + len(p_ts)
-    key = np.empty(n + 1, dtype=np.int64)
-    code, rep, upto, msg, size = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                                  np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                                  np.zeros(n + 1, dtype=np.int64))
-    pid, part, keyid = (np.full(n + 1, -1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                        np.full(n + 1, -1, dtype=np.int64))
+    # No fill first: every row is written below in all nine columns (a chunk's length, so the fill cost showed)
+    key, code, rep, upto, msg = (np.empty(n + 1, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
+                                 np.empty(n + 1, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
+                                 np.empty(n + 1, dtype=np.int64))
+    size, pid, part, keyid = (np.empty(n + 1, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
+                              np.empty(n + 1, dtype=np.int64), np.empty(n + 1, dtype=np.int64))
     i, k, last = 0, 0, -1
     for o in range(n):
         while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
             i += 1
         kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
         kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
-        if kb < kp:
-            key[o], code[o], rep[o], upto[o] = kb, C_REPLICATE, b_rep[i], b_upto[i]
+        if kb < kp:  # a replica's report: no message
+            key[o], code[o], rep[o], upto[o], msg[o], size[o] = kb, C_REPLICATE, b_rep[i], b_upto[i], -1, 0
+            pid[o], part[o], keyid[o] = -1, -1, -1
             i += 1
-        else:
-            key[o], code[o], msg[o], size[o] = kp, C_PRODUCE, p_msg[k], p_size[k]
+        else:  # a produce event: no replica
+            key[o], code[o], rep[o], upto[o], msg[o], size[o] = kp, C_PRODUCE, -1, 0, p_msg[k], p_size[k]
             pid[o], part[o], keyid[o] = p_pid[k], p_part[k], p_keyid[k]
             k += 1
         if key[o] < last:
             raise ValueError("stream events out of time order")
         last = key[o]
-    key[n] = INF
+    key[n], code[n], rep[n], upto[n], msg[n], size[n], pid[n], part[n], keyid[n] = INF, 0, -1, 0, -1, 0, -1, -1, -1
     return key, code, rep, upto, msg, size, pid, part, keyid
 
 

@@ -1,6 +1,7 @@
 """The kernels' shared containers."""
 
 import numpy as np
+import pytest
 
 from replay.kernels._arrays import Table
 
@@ -93,3 +94,64 @@ def test_compiled_judge_agrees_with_the_results_judge():
         for name in ("fate", "readable_at_end", "offset"):
             assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
             assert getattr(got, name).dtype == getattr(want, name).dtype, name
+
+
+def _replay_with_growth(monkeypatch, fill: int | None, trace: str, scale: float, policy: str) -> tuple[list, int]:
+    """The kernels' results on a library trace when the slots a buffer grows by are filled with byte `fill`
+    (None: left unset, as in production), and how many compactions (`Table.keep`) ran."""
+    from replay.kernels import _arrays
+    from replay.local import replay_local
+    from replay.policies import parse_policy
+    from report.dledger_vs_kafka import load_trace
+
+    def grown(buf, n, capacity):
+        new = np.empty(capacity, dtype=buf.dtype)
+        if fill is not None:
+            new.view(np.uint8).fill(fill)
+        new[:n] = buf[:n]
+        return new
+
+    keeps = []
+    keep = _arrays.Table.keep
+
+    def counted_keep(self, mask):
+        keeps.append(self.n)
+        return keep(self, mask)
+
+    monkeypatch.setattr(_arrays, "_grown", grown)
+    monkeypatch.setattr(_arrays.Table, "keep", counted_keep)
+    manifest, table = load_trace(trace, 1, scale)
+    results = replay_local(parse_policy(policy), manifest, table)
+    monkeypatch.undo()
+    return results, len(keeps)
+
+
+def _everything(results) -> list:
+    out = []
+    for r in results:
+        rec, j = r.messages.records, r.messages
+        payload = {k: v.tolist() for k, v in sorted((rec.payload or {}).items())}
+        out.append((rec.msg_id.tolist(), rec.produce_us.tolist(), rec.status.tolist(), rec.error.tolist(),
+                    rec.ack_us.tolist(), rec.visible_us.tolist(), rec.pos_epoch.tolist(), rec.pos_offset.tolist(),
+                    rec.extra_positions.tolist(), payload,
+                    j.fate.tolist(), j.readable_at_end.tolist(), j.offset.tolist(), r.states, r.unavailable,
+                    r.replication_bytes))
+    return out
+
+
+@pytest.mark.parametrize(("trace", "scale", "policy"), [
+    ("k5-min-isr-refusal", 1.0, "kafka-durable"),  # compactions with failed rows among thousands pending
+    ("steady-state", 0.5, "rocketmq-sync"),
+    ("rack-power-loss", 0.3, "dledger-3"),
+    ("rack-power-loss", 0.3, "rocketmq-controller"),
+])
+def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatch, trace, scale, policy):
+    """The growable buffers leave new slots unset (`_arrays._grown`: np.empty, no zero-fill). That is only
+    correct if every row a kernel appends is written in every column and nothing reads past a buffer's count:
+    the same replay with those slots filled with zero bytes and with 0x5A bytes must give the same results.
+    (Before ca7ea71 the Kafka loop left a new row's `err` unwritten; this test fails on that.)"""
+    zero, keeps = _replay_with_growth(monkeypatch, 0x00, trace, scale, policy)
+    poison, _ = _replay_with_growth(monkeypatch, 0x5A, trace, scale, policy)
+    assert sum(len(r.messages.records.msg_id) for r in zero) > 100_000
+    assert keeps > 0  # compacted tables' stale rows are exercised too
+    assert _everything(poison) == _everything(zero)
