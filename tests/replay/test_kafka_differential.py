@@ -283,3 +283,36 @@ def test_messages_appended_after_a_compaction_carry_no_stale_error():
     assert failed.sum() > 4096 and (status == Status.ACKED).sum() > 4096  # compactions, failed rows among them
     assert set(error[~failed].tolist()) == {Error.NONE}
     assert Error.NONE not in set(error[failed].tolist())
+
+
+def test_a_retried_message_becomes_visible_through_its_earlier_copy():
+    """A message appended again after a leader change keeps its earlier copy, which may commit first (SPEC §3.2
+    rules 9-10, §4.1): the kernel's `_extra_visible` path, which no random case of the fast suite reaches. Derived
+    from the rules (brokers 0-2, replicas (0, 1, 2), acks=all, unclean election):
+      0 s: leader 0 isolated; clients keep writing to it (rule 10).  1 ms: m1 appended there at offset 0 (epoch
+      0), waiting for a high watermark no follower can move.  9 s: 0's session expires; broker 1 leads (epoch 1,
+      ISR {1, 2}) with an empty log.  10.5 s (metadata refresh + failover): m1 is not in 1's log, so it is
+      appended again at offset 0 of epoch 1; follower 2 never reports, the high watermark stays 0.  20 s: 1 and
+      2 crash, fenced at 29 s: no leader.  35 s: 0 heals and leads (unclean, epoch 2) with its own log: m1's
+      earlier copy commits (ISR {0}, high watermark 1): visible at 35 s.  36.5 s: clients reach 0, whose log
+      holds that copy: m1's position becomes it and it is acknowledged."""
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    policy = parse_policy("kafka:partitions=1,replication_factor=3,acks=all,min_insync_replicas=1,"
+                          "unclean_leader_election=true,client_failover_ms=1500,metadata_max_age_ms=3000,"
+                          "assignment=seed")
+    table = event_table([(0, "isolate", 0), (1000, "produce", 1), (20_000_000, "crash", 1),
+                         (20_000_000, "crash", 2), (35_000_000, "heal", 0)])
+    manifest = Manifest("earlier-copy", (Broker(0, "r0"), Broker(1, "r1"), Broker(2, "r2")), 60_000_000)
+    expected_states = [StateRow(*row) for row in [
+        (0, 0, 0, (0, 1, 2), 0, 0), (1000, 0, 0, (0, 1, 2), 1, 0), (9_000_000, 1, 1, (1, 2), 0, 0),
+        (10_500_000, 1, 1, (1, 2), 1, 0), (29_000_000, None, 1, (2,), None, None),
+        (35_000_000, 0, 2, (0,), 1, 1)]]
+    for engine in ("reference", "kernel"):
+        (res,) = replay_local(policy, manifest, table, engine=engine)
+        r, j = res.messages.records, res.messages
+        assert list(zip(r.msg_id.tolist(), r.status.tolist(), r.ack_us.tolist(), r.visible_us.tolist(),
+                        j.fate.tolist(), j.readable_at_end.tolist(), j.offset.tolist(), strict=True)) == [
+            (1, Status.ACKED, 36_500_000, 35_000_000, Fate.COMMITTED, True, 0)], engine
+        assert coalesce_states(res.states, WINDOW_US) == expected_states, engine
