@@ -6,10 +6,10 @@ import numpy as np
 
 
 def _grown(buf: np.ndarray, n: int, capacity: int) -> np.ndarray:
-    """A buffer of `capacity` holding buf[:n]. Its other slots are left unset (np.empty, no zero-fill, about a
-    tenth of a kernel's time when it was np.zeros): nothing reads a slot past a buffer's count before writing
-    it, and a new row is written in every column (`Table.append`, `kafka_steady.steady`), as a row that
-    `Table.keep` left stale must be anyway."""
+    """A buffer of `capacity` holding buf[:n]. Its other slots are left unset (np.empty: the zero-fill cost 1-16 %
+    of a kernel's CPU, depending on the host): nothing reads a slot past a buffer's count before writing it, and
+    a new row is written in every column (`Table.append`, `kafka_steady.steady`), as a row that `Table.keep` left
+    stale must be anyway. `tests/replay/test_arrays.py` fills these slots with garbage to hold that."""
     new = np.empty(capacity, dtype=buf.dtype)
     new[:n] = buf[:n]
     return new

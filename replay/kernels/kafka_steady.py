@@ -240,7 +240,7 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
             else:  # -------------------------------------------------------- rules 3-4: a new message
                 r = pend_n
                 pend_n += 1
-                # Every column of the new row is written: the row may be one a compaction left stale (Table.keep)
+                # Every column of the new row is written: its slots are unset (`_arrays._grown`) or stale (Table.keep)
                 msg[r], prod[r], size[r], dead[r] = s_msg[j], t, s_size[j], t + delivery
                 state[r], err[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, _NO_ERROR, t, 0, -1, -1
                 req[r], ack[r], vis[r] = INF, NULL_US, NULL_US

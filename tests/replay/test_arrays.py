@@ -96,9 +96,9 @@ def test_compiled_judge_agrees_with_the_results_judge():
             assert getattr(got, name).dtype == getattr(want, name).dtype, name
 
 
-def _replay_with_growth(monkeypatch, fill: int | None, trace: str, scale: float, policy: str) -> tuple[list, int]:
-    """The kernels' results on a library trace when the slots a buffer grows by are filled with byte `fill`
-    (None: left unset, as in production), and how many compactions (`Table.keep`) ran."""
+def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy: str) -> tuple[list, int]:
+    """The kernels' results on a library trace when the slots a buffer grows by (unset in production) are filled
+    with byte `fill`, and how many compactions (`Table.keep`) ran."""
     from replay.kernels import _arrays
     from replay.local import replay_local
     from replay.policies import parse_policy
@@ -106,8 +106,7 @@ def _replay_with_growth(monkeypatch, fill: int | None, trace: str, scale: float,
 
     def grown(buf, n, capacity):
         new = np.empty(capacity, dtype=buf.dtype)
-        if fill is not None:
-            new.view(np.uint8).fill(fill)
+        new.view(np.uint8).fill(fill)
         new[:n] = buf[:n]
         return new
 
