@@ -148,9 +148,12 @@ def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                     lo, hi = sc[S_AV_T], cur_t
                 elif sc[S_AV_STALL] < cur_t:
                     lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
-                if lo < hi:
-                    unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
-                    n_unav += 1
+                if lo < hi:  # instants come in time order: one that touches the last interval extends it
+                    if n_unav > 0 and lo <= unav_out[n_unav - 1, 1]:
+                        unav_out[n_unav - 1, 1] = max(unav_out[n_unav - 1, 1], hi)
+                    else:
+                        unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
+                        n_unav += 1
             sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
             cur_t = t
         if trace:

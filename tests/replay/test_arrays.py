@@ -154,3 +154,18 @@ def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatc
     assert sum(len(r.messages.records.msg_id) for r in zero) > 100_000
     assert keeps > 0  # compacted tables' stale rows are exercised too
     assert _everything(poison) == _everything(zero)
+
+
+def test_joined_intervals_are_what_merge_intervals_makes_of_them():
+    """RocketMQ's vectorized segments join touching unavailability intervals as they close instants
+    (`rocketmq_series._joined`); `replay.results.merge_intervals` is the definition."""
+    from replay.kernels.rocketmq_series import _joined
+    from replay.results import merge_intervals
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(0, 30))
+        gaps, lengths = rng.integers(0, 3, n), rng.integers(1, 4, n)  # a gap of 0: touching the previous one
+        lo = np.cumsum(gaps + np.append(0, lengths[:-1]))
+        hi = lo + lengths
+        assert _joined(lo, hi) == merge_intervals(list(zip(lo.tolist(), hi.tolist(), strict=True)))
