@@ -203,6 +203,19 @@ def timeline_row(row_out: np.ndarray, n_rows: int, closed: int, t: int, leo: int
 
 
 @compiled
+def add_interval(out: np.ndarray, n: int, lo: int, hi: int) -> int:
+    """Add [lo, hi) to the intervals out[:n], which come in time order: joined to the last one if it touches it
+    (as `replay.results.merge_intervals` would join them), dropped if empty. Returns the new count."""
+    if lo >= hi:
+        return n
+    if n > 0 and lo <= out[n - 1, 1]:
+        out[n - 1, 1] = max(out[n - 1, 1], hi)
+        return n
+    out[n, 0], out[n, 1] = lo, hi
+    return n + 1
+
+
+@compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""
     out = np.empty(n, dtype=np.int64)

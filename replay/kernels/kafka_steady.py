@@ -16,7 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled, in_runs, timeline_row
+from replay.kernels._arrays import add_interval, compiled, in_runs, timeline_row
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 
@@ -202,12 +202,7 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                     lo, hi = sc[S_AV_T], cur_t
                 elif sc[S_AV_STALL] < cur_t:
                     lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
-                if lo < hi:
-                    if n_unav > 0 and lo <= unav_out[n_unav - 1, 1]:
-                        unav_out[n_unav - 1, 1] = max(unav_out[n_unav - 1, 1], hi)
-                    else:
-                        unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
-                        n_unav += 1
+                n_unav = add_interval(unav_out, n_unav, lo, hi)
             sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
             cur_t = t
         if at_tick:  # ------------------------------- rule 6: an idle ISR check tick; the next one is due

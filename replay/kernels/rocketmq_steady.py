@@ -15,7 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import compiled, in_runs, kth_largest, timeline_row
+from replay.kernels._arrays import add_interval, compiled, in_runs, kth_largest, timeline_row
 from replay.rocketmq_control import INF, KEY
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
@@ -148,12 +148,7 @@ def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                     lo, hi = sc[S_AV_T], cur_t
                 elif sc[S_AV_STALL] < cur_t:
                     lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
-                if lo < hi:  # instants come in time order: one that touches the last interval extends it
-                    if n_unav > 0 and lo <= unav_out[n_unav - 1, 1]:
-                        unav_out[n_unav - 1, 1] = max(unav_out[n_unav - 1, 1], hi)
-                    else:
-                        unav_out[n_unav, 0], unav_out[n_unav, 1] = lo, hi
-                        n_unav += 1
+                n_unav = add_interval(unav_out, n_unav, lo, hi)
             sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
             cur_t = t
         if trace:

@@ -157,8 +157,10 @@ def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatc
 
 
 def test_joined_intervals_are_what_merge_intervals_makes_of_them():
-    """RocketMQ's vectorized segments join touching unavailability intervals as they close instants
-    (`rocketmq_series._joined`); `replay.results.merge_intervals` is the definition."""
+    """The kernels join touching unavailability intervals as they close instants: the compiled loops one interval
+    at a time (`_arrays.add_interval`), RocketMQ's vectorized segments per segment (`rocketmq_series._joined`);
+    `replay.results.merge_intervals` is the definition."""
+    from replay.kernels._arrays import add_interval
     from replay.kernels.rocketmq_series import _joined
     from replay.results import merge_intervals
 
@@ -168,4 +170,10 @@ def test_joined_intervals_are_what_merge_intervals_makes_of_them():
         gaps, lengths = rng.integers(0, 3, n), rng.integers(1, 4, n)  # a gap of 0: touching the previous one
         lo = np.cumsum(gaps + np.append(0, lengths[:-1]))
         hi = lo + lengths
-        assert _joined(lo, hi) == merge_intervals(list(zip(lo.tolist(), hi.tolist(), strict=True)))
+        expected = merge_intervals(list(zip(lo.tolist(), hi.tolist(), strict=True)))
+        assert _joined(lo, hi) == expected
+        out, count = np.empty((n, 2), dtype=np.int64), 0
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+            count = add_interval(out, count, a, a)  # empty: dropped
+            count = add_interval(out, count, a, b)
+        assert list(map(tuple, out[:count].tolist())) == expected
