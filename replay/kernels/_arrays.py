@@ -215,6 +215,17 @@ def add_interval(out: np.ndarray, n: int, lo: int, hi: int) -> int:
     return n + 1
 
 
+def joined_intervals(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
+    """Intervals [lo, hi) in time order, each starting at or after the previous end, with touching ones joined
+    (`add_interval` for a whole array: what `replay.results.merge_intervals` makes of them, without a tuple per
+    instant meanwhile)."""
+    if not len(lo):
+        return []
+    first = np.flatnonzero(np.append(True, lo[1:] > hi[:-1]))
+    last = np.append(first[1:] - 1, len(lo) - 1)
+    return list(zip(lo[first].tolist(), hi[last].tolist(), strict=True))
+
+
 @compiled
 def forward_fill(idx: np.ndarray, values: np.ndarray, n: int, initial: int) -> np.ndarray:
     """out[j] = values[i] for the last i with idx[i] ≤ j (`idx` ascending), `initial` before idx[0]."""

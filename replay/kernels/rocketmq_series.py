@@ -10,6 +10,7 @@ import numpy as np
 from replay.kernels._arrays import (
     due_segment,
     forward_fill,
+    joined_intervals,
     kth_largest_columns,
     prefix_runs,
     runs_array,
@@ -275,7 +276,7 @@ class SeriesSegments:
             else:
                 stall = self._stall_series(closed, out, srv)
                 lo, hi = np.maximum(tc[:-1], stall[:-1]), tc[1:]
-                tl.unavail.extend(_joined(lo[lo < hi], hi[lo < hi]))
+                tl.unavail.extend(joined_intervals(lo[lo < hi], hi[lo < hi]))
                 stall_last = int(stall[-1])
             tl.av_prev = (int(tc[-1]), blocked, stall_last)
         self.cur_t = int(ts[-1])
@@ -297,13 +298,3 @@ class SeriesSegments:
 
     def _cut(self, t: int, out: dict) -> None:
         pass
-
-
-def _joined(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
-    """Intervals [lo, hi) in time order, each starting at or after the previous end, with touching ones joined
-    (what `replay.results.merge_intervals` makes of them at the end, without a tuple per instant meanwhile)."""
-    if not len(lo):
-        return []
-    first = np.flatnonzero(np.append(True, lo[1:] > hi[:-1]))
-    last = np.append(first[1:] - 1, len(lo) - 1)
-    return list(zip(lo[first].tolist(), hi[last].tolist(), strict=True))

@@ -158,10 +158,9 @@ def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatc
 
 def test_joined_intervals_are_what_merge_intervals_makes_of_them():
     """The kernels join touching unavailability intervals as they close instants: the compiled loops one interval
-    at a time (`_arrays.add_interval`), RocketMQ's vectorized segments per segment (`rocketmq_series._joined`);
+    at a time (`_arrays.add_interval`), RocketMQ's vectorized segments per segment (`_arrays.joined_intervals`);
     `replay.results.merge_intervals` is the definition."""
-    from replay.kernels._arrays import add_interval
-    from replay.kernels.rocketmq_series import _joined
+    from replay.kernels._arrays import add_interval, joined_intervals
     from replay.results import merge_intervals
 
     rng = np.random.default_rng(3)
@@ -171,7 +170,7 @@ def test_joined_intervals_are_what_merge_intervals_makes_of_them():
         lo = np.cumsum(gaps + np.append(0, lengths[:-1]))
         hi = lo + lengths
         expected = merge_intervals(list(zip(lo.tolist(), hi.tolist(), strict=True)))
-        assert _joined(lo, hi) == expected
+        assert joined_intervals(lo, hi) == expected
         out, count = np.empty((n, 2), dtype=np.int64), 0
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
             count = add_interval(out, count, a, a)  # empty: dropped
