@@ -13,7 +13,7 @@ from schemas.outcomes import NULL_US, Fate
 _COMMITTED, _LOST, _ABSENT = int(Fate.COMMITTED), int(Fate.LOST), int(Fate.ABSENT)
 
 
-@compiled
+@compiled(inline=True)
 def held(runs, epoch, offset):
     """Whether a log given as (epoch, start, end) runs holds position (epoch, offset): `replay.results.runs_contain`
     for one position, by the same search (the first run that ends after the offset)."""

@@ -68,7 +68,7 @@ N_SCALARS = 22
 N_CONSTANTS = 27
 
 
-@compiled
+@compiled(inline=True)
 def durable_at(t, flush, period, expire):
     """When an entry written at t is on disk (as `KafkaReference._durable_at`)."""
     if flush == _SYNC:
@@ -78,7 +78,7 @@ def durable_at(t, flush, period, expire):
     return -(-t // period) * period
 
 
-@compiled
+@compiled(inline=True)
 def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expire):
     """Replica i's log reached `length` at time t: keep it per durability bucket for a power loss (SPEC §3.1)."""
     if flush == _SYNC:

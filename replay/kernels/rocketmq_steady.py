@@ -44,14 +44,14 @@ N_SCALARS = 16
 N_CONSTANTS = 17
 
 
-@compiled
+@compiled(inline=True)
 def _ack_limit(arrive, dead, answer_us):
     """R1: the last instant an ack still counts: the broker's status at arrival + its timeout, or the client's
     deadline (at one instant replication comes first)."""
     return min(arrive + answer_us, dead)
 
 
-@compiled
+@compiled(inline=True)
 def _point(rule, k, li, log_len, fetched, buf):
     """The leader's commit point now: CLASSIC the k-th largest slave `fetched` (`_coverage`), DLEDGER the k-th
     largest of the leader's log end and the others' `fetched` (`_recommit`)."""
@@ -66,7 +66,7 @@ def _point(rule, k, li, log_len, fetched, buf):
     return kth_largest(buf, m, k)
 
 
-@compiled
+@compiled(inline=True)
 def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbytes, lead_app, lead_cum, lead_n,
             cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes):
     """The leader appends message row r at t (`GroupReference._append`): its log, its epoch's entries, the
@@ -82,7 +82,7 @@ def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbyt
     w_rep[n_writes], w_t[n_writes], w_len[n_writes], w_bytes[n_writes] = li, t, off + 1, nbytes[li]
 
 
-@compiled
+@compiled(inline=True)
 def _on_append(r, t, rule, k, usable_ok, state, err, ack, vis):
     """The family's decision at append (`ClassicReference._arrive`; DLedger waits for its commit)."""
     state[r] = _WAITING
