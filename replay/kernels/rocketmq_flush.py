@@ -6,6 +6,7 @@ import numpy as np
 
 from replay.kernels._arrays import (
     Grow,
+    compiled,
 )
 from replay.kernels.rocketmq_common import (
     MS,
@@ -18,6 +19,37 @@ from replay.policies import (
 from replay.rocketmq_control import (
     INF,
 )
+
+
+@compiled
+def least_flushes(h_t, h_len, h_bytes, base_len, base_bytes, flushed, flushed_bytes, flush_t, t, interval, thorough,
+                  least):
+    """The ASYNC_FLUSH ticks before instant t (R3: every flush interval, once `least` bytes wait or at the thorough
+    interval), one at a time over the write history (append times `h_t`, log lengths `h_len`, bytes `h_bytes`).
+    Returns (history entries now folded into the base, base length, base bytes, flushed, flushed bytes, last tick).
+    Compiled: in Python, a tick per loop took up to a tenth of a RocketMQ kernel's time on the steady trace."""
+    j = 0  # history entries [0, j) are folded into the base
+    n = len(h_t)
+    while True:
+        if base_bytes - flushed_bytes >= least:
+            t_bytes = flush_t + interval
+        else:
+            jb = j + np.searchsorted(h_bytes[j:], flushed_bytes + least, side="left")
+            t_bytes = INF if jb >= n else max(-(-h_t[jb] // interval) * interval, flush_t + interval)
+        k = flush_t // thorough + 1
+        tick = min(t_bytes, -(-(k * thorough) // interval) * interval)
+        if tick >= t:
+            last = ((t - 1) // interval) * interval
+            if last > flush_t:
+                j = j + np.searchsorted(h_t[j:], last, side="right")
+                flush_t = last
+            break
+        j = j + np.searchsorted(h_t[j:], tick, side="right")
+        if j > 0:
+            base_len, base_bytes = h_len[j - 1], h_bytes[j - 1]
+        flushed, flushed_bytes = base_len, base_bytes
+        flush_t = tick
+    return j, base_len, base_bytes, flushed, flushed_bytes, flush_t
 
 
 class FlushState:
@@ -74,32 +106,11 @@ class FlushState:
                 self._fold(j)
                 self.flushed, self.flushed_bytes = self.base_len, self.base_bytes
             return
-        interval, thorough = self.interval, self.thorough
-        j = 0  # history entries [0, j) are folded into the base
-        base_len, base_bytes = self.base_len, self.base_bytes
-        while True:
-            if base_bytes - self.flushed_bytes >= self.least:
-                t_bytes = self.flush_t + interval
-            else:
-                jb = j + int(np.searchsorted(h_bytes[j:], self.flushed_bytes + self.least, side="left"))
-                t_bytes = INF if jb >= len(h_t) else max(-(-int(h_t[jb]) // interval) * interval,
-                                                          self.flush_t + interval)
-            k = self.flush_t // thorough + 1
-            tick = min(t_bytes, -(-(k * thorough) // interval) * interval)
-            if tick >= t:
-                last = ((t - 1) // interval) * interval
-                if last > self.flush_t:
-                    j = j + int(np.searchsorted(h_t[j:], last, side="right"))
-                    self.flush_t = last
-                break
-            j = j + int(np.searchsorted(h_t[j:], tick, side="right"))
-            if j > 0:
-                base_len, base_bytes = int(h_len[j - 1]), int(h_bytes[j - 1])
-            self.flushed, self.flushed_bytes = base_len, base_bytes
-            self.flush_t = tick
-        self.base_len, self.base_bytes = base_len, base_bytes
+        j, *state = least_flushes(h_t, h_len, h_bytes, self.base_len, self.base_bytes, self.flushed,
+                                  self.flushed_bytes, self.flush_t, t, self.interval, self.thorough, self.least)
+        self.base_len, self.base_bytes, self.flushed, self.flushed_bytes, self.flush_t = map(int, state)
         if j > 0:
-            self._fold(j)
+            self._fold(int(j))
 
     def durable(self, t: int) -> int:
         self.materialize(t)
