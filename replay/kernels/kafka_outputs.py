@@ -57,14 +57,16 @@ class KafkaOutputs:
             self.cur_t = t
 
     def _records(self, mask: np.ndarray) -> MessageRecords:
+        """The rows of boolean `mask` as records: a boolean index copies, so they stay as they are when the table
+        compacts in place (`Table.keep`)."""
         c = self.pend
         st = c["state"][mask]
         status = np.where(st == ACKED, Status.ACKED, np.where(st == FAILED, Status.FAILED, Status.PENDING))
         rec = MessageRecords(
-            c["msg"][mask].copy(), c["prod"][mask].copy(), status.astype(np.int8), c["err"][mask].copy(),
-            c["ack"][mask].copy(), c["vis"][mask].copy(), c["pe"][mask].copy(), c["po"][mask].copy(),
+            c["msg"][mask], c["prod"][mask], status.astype(np.int8), c["err"][mask],
+            c["ack"][mask], c["vis"][mask], c["pe"][mask], c["po"][mask],
         )
-        rec.payload = {name: c[name][mask].copy() for name in PAYLOAD}
+        rec.payload = {name: c[name][mask] for name in PAYLOAD}
         return rec
 
     def drain_settled(self) -> list[MessageRecords]:

@@ -49,10 +49,10 @@ class GroupMessages:
     def _settle_unrouted(self, ev: PartitionEvents, payload: dict, sel: np.ndarray) -> None:
         """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
         k = int(sel.sum())
-        rec = MessageRecords(ev.produce_msg[sel].copy(), ev.produce_ts[sel].copy(), np.full(k, Status.FAILED, np.int8),
+        rec = MessageRecords(ev.produce_msg[sel], ev.produce_ts[sel], np.full(k, Status.FAILED, np.int8),
                              np.full(k, Error.NO_ROUTE, np.int8), np.full(k, NULL_US), np.full(k, NULL_US),
                              np.full(k, -1), np.full(k, -1))
-        rec.payload = {name: payload[name][sel].copy() for name in self.payload_keys or ()}
+        rec.payload = {name: payload[name][sel] for name in self.payload_keys or ()}
         self.done.append(rec)
 
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
@@ -65,13 +65,15 @@ class GroupMessages:
         self.sched_key, self.sched_row = keys[order], all_rows[order]
 
     def _records(self, mask: np.ndarray) -> MessageRecords:
+        """The rows of boolean `mask` as records: a boolean index copies, so they stay as they are when the table
+        compacts in place (`Table.keep`)."""
         c = self.pend
         st = c["state"][mask]
         status = np.where(st == ACKED, Status.ACKED, np.where(st == FAILED, Status.FAILED, Status.PENDING))
-        rec = MessageRecords(c["msg"][mask].copy(), c["prod"][mask].copy(), status.astype(np.int8),
-                             c["err"][mask].copy(), c["ack"][mask].copy(), c["vis"][mask].copy(),
-                             c["pe"][mask].copy(), c["po"][mask].copy())
-        rec.payload = {k: c[k][mask].copy() for k in self.payload_keys or ()}
+        rec = MessageRecords(c["msg"][mask], c["prod"][mask], status.astype(np.int8),
+                             c["err"][mask], c["ack"][mask], c["vis"][mask],
+                             c["pe"][mask], c["po"][mask])
+        rec.payload = {k: c[k][mask] for k in self.payload_keys or ()}
         return rec
 
     def _limit(self, rows: np.ndarray) -> np.ndarray:
