@@ -108,9 +108,9 @@ def compiled(fn=None, *, inline: bool = False):
     imported from a zip (spark-submit --py-files) has no cache locator, so it is compiled in each process.
 
     `inline=True` for a helper the compiled loops call per event: numba then copies its body into each caller.
-    A call passes every array argument as a struct of fields and counts references to it (NRT incref/decref), and
-    for `kafka_steady.wrote` that took a fifth of the Kafka kernel's time on the steady trace. The helper stays
-    callable from Python."""
+    A call passes every array argument as a struct of fields and counts references to it (NRT incref/decref):
+    inlining the loops' helpers took 11-16 % off the CPU of the presets with a compiled loop on the steady trace.
+    The helper stays callable from Python."""
     if fn is None:
         return lambda f: compiled(f, inline=inline)
     import numba

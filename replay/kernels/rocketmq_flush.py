@@ -27,7 +27,7 @@ def least_flushes(h_t, h_len, h_bytes, base_len, base_bytes, flushed, flushed_by
     """The ASYNC_FLUSH ticks before instant t (R3: every flush interval, once `least` bytes wait or at the thorough
     interval), one at a time over the write history (append times `h_t`, log lengths `h_len`, bytes `h_bytes`).
     Returns (history entries now folded into the base, base length, base bytes, flushed, flushed bytes, last tick).
-    Compiled: in Python, a tick per loop took up to a tenth of a RocketMQ kernel's time on the steady trace."""
+    Compiled: in Python, one tick per iteration cost 4-8 % of a RocketMQ kernel's CPU on the steady trace."""
     j = 0  # history entries [0, j) are folded into the base
     n = len(h_t)
     while True:
