@@ -109,7 +109,7 @@ def compiled(fn=None, *, inline: bool = False):
 
     `inline=True` for a helper the compiled loops call per event: numba then copies its body into each caller.
     A call passes every array argument as a struct of fields and counts references to it (NRT incref/decref):
-    inlining the loops' helpers took 11-16 % off the CPU of the presets with a compiled loop on the steady trace.
+    inlining the loops' helpers took 5-16 % off the CPU of the presets with a compiled loop on the steady trace.
     The helper stays callable from Python."""
     if fn is None:
         return lambda f: compiled(f, inline=inline)
