@@ -38,6 +38,12 @@ class Grow:
     def truncate(self, n: int) -> None:
         self.n = min(self.n, n)
 
+    def drop_front(self, j: int) -> None:
+        """Drop the first j values, in place: the buffer keeps its capacity (a new exact-size buffer would be
+        grown again by the next append, a copy and fresh pages each time)."""
+        self._buf[: self.n - j] = self._buf[j: self.n]
+        self.n -= j
+
     @property
     def view(self) -> np.ndarray:
         return self._buf[: self.n]

@@ -88,7 +88,8 @@ class FlushState:
         if j <= 0:
             return
         self.base_len, self.base_bytes = int(self.h_len.view[j - 1]), int(self.h_bytes.view[j - 1])
-        self.h_t, self.h_len, self.h_bytes = (Grow(g.view[j:].copy()) for g in (self.h_t, self.h_len, self.h_bytes))
+        for g in (self.h_t, self.h_len, self.h_bytes):
+            g.drop_front(j)
 
     def materialize(self, t: int) -> None:
         """Apply every flush that happens before instant t (a tick at t comes after t's events)."""
@@ -121,9 +122,8 @@ class FlushState:
         self.flushed = min(self.flushed, length)
         self.flushed_bytes = min(self.flushed_bytes, nbytes)
         self.base_len, self.base_bytes = min(self.base_len, length), min(self.base_bytes, nbytes)
-        if len(self.h_len):
-            self.h_len = Grow(np.minimum(self.h_len.view, length))
-            self.h_bytes = Grow(np.minimum(self.h_bytes.view, nbytes))
+        np.minimum(self.h_len.view, length, out=self.h_len.view)  # in place: the buffers keep their capacity
+        np.minimum(self.h_bytes.view, nbytes, out=self.h_bytes.view)
 
     def reset(self, length: int, nbytes: int, t: int) -> None:
         """Everything the broker holds is on disk (restart, shutdown, after a power loss)."""
