@@ -5,9 +5,10 @@ The reference interpreter (`replay/reference/rocketmq.py`) applies one event at 
 (`rocketmq_control.ControlPlane`, the one routing uses) at *control points* (faults, detections, elections,
 client switches, SyncStateSet checks and expansions) in Python (`rocketmq_group.GroupReplay`). Between two of
 them a *steady segment* runs:
-- `rocketmq` and `dledger`: one compiled pass, one event at a time as the reference does
-  (`rocketmq_steady.group_steady`, called by `rocketmq_stretch.SteadySegments`);
-- `rocketmq-controller`: whole-array numpy series (`rocketmq_series.SeriesSegments`).
+- one compiled pass, one event at a time as the reference does (`rocketmq_steady.GROUP_STEADY`, one loop
+  compiled per commit rule, called by `rocketmq_stretch.SteadySegments`);
+- `rocketmq-controller` while a replaced master that clients still reach takes writes (a zombie, C7):
+  whole-array numpy series (`rocketmq_series.SeriesSegments`), its own log and frozen ack point.
 Broker statuses and client deadlines (R1, `rocketmq_messages`) and flush decisions (R3, `rocketmq_flush`) are
 evaluated lazily: a status never changes the replicas' state, and a flush only matters at a power loss.
 
@@ -18,7 +19,7 @@ epoch's leader appended (`rocketmq_logs`); messages are kept only until their ou
 
 Modules: `rocketmq_group` (the family-independent replay), `rocketmq_messages`, `rocketmq_logs`,
 `rocketmq_flush`, `rocketmq_steady` + `rocketmq_stretch` (compiled segments), `rocketmq_series` (numpy
-segments), one module per family (`rocketmq_classic`, `rocketmq_dledger`, `rocketmq_controller`).
+segments of a zombie), one module per family (`rocketmq_classic`, `rocketmq_dledger`, `rocketmq_controller`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The `rocketmq-controller` family's kernel (SPEC §3.5): steady segments as numpy series (`rocketmq_series`)."""
+"""The `rocketmq-controller` family's kernel (SPEC §3.5): steady segments in compiled code (`rocketmq_stretch`),
+except while a replaced master that clients still reach takes writes (a zombie, C7): its own log and frozen ack
+point, as numpy series (`rocketmq_series`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from replay.kernels.rocketmq_common import (
 from replay.kernels.rocketmq_controller_control import ControllerControl
 from replay.kernels.rocketmq_group import GroupReplay
 from replay.kernels.rocketmq_series import SeriesSegments, kth_largest_series
+from replay.kernels.rocketmq_steady import CommitRule
+from replay.kernels.rocketmq_stretch import SteadyRule, SteadySegments
 from replay.policies import (
     FIRST_SYNC_STATE_CHECK_MS,
     RocketMQControllerPolicy,
@@ -25,9 +29,10 @@ from replay.rocketmq_control import (
     INF,
     key_of,
 )
+from schemas.outcomes import Error
 
 
-class ControllerReplay(ControllerControl, SeriesSegments, GroupReplay):
+class ControllerReplay(ControllerControl, SteadySegments, SeriesSegments, GroupReplay):
     """SPEC §3.5: Kafka-like SyncStateSet with RocketMQ acks, controller detection and C1/C7."""
 
     def __init__(self, policy: RocketMQControllerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
@@ -45,6 +50,39 @@ class ControllerReplay(ControllerControl, SeriesSegments, GroupReplay):
         self.housekeeping: dict[int, int] = {}  # slave -> when its silent HA connection is closed (C-1)
         self.handlers = {"check": self._on_check, "housekeeping": self._on_housekeeping}
         self._push(FIRST_SYNC_STATE_CHECK_MS * MS, C_CHECK, "check", 0)  # SPEC §3.7 C-1
+
+    # ==================================================================================== steady segments
+    def _stream(self, limit_key: int) -> None:
+        srv = self._serving()
+        if srv is not None and self._is_zombie(srv):
+            SeriesSegments._stream(self, limit_key)
+        else:
+            SteadySegments._stream(self, limit_key)
+
+    def _steady_rule(self) -> SteadyRule:
+        """The compiled segment's rule while the master (or nobody) serves: `ControllerReference._arrive`,
+        `_recompute_hw` and `_progress`."""
+        ldr = self._data_leader()
+        srv = self._serving()
+        serves = srv is not None and srv == ldr
+        refusing = srv is not None and self._refusing(srv)
+        point = self._ack_point_now(ldr) if serves else None
+        return SteadyRule(ldr, serves and not refusing, ldr is not None and bool(self.cp.alive(ldr)),
+                          CommitRule.CONTROLLER, self.k, True, serves, self.hw if point is None else point,
+                          refusal=Error.NO_LEADER if srv is None else Error.IN_SYNC_REPLICAS_NOT_ENOUGH, hw=self.hw,
+                          hw_moves=ldr is not None and bool(self.cp.up[ldr]), all_ack=self.all_ack,
+                          view=self._view(ldr) if ldr is not None else (), sss=tuple(self.sss))
+
+    def _steady_done(self, commit: int, hw: int, expand: int | None) -> None:
+        self.hw = hw
+        if expand is not None:
+            self._rejoin(self.cur_t, expand)
+
+    def _rejoin(self, t: int, b: int) -> None:
+        """`ControllerReference._progress`: a slave rejoins once it reaches the confirm offset."""
+        self._resolve(t)
+        self.sss = self._in_order([*self.sss, b])
+        self._recompute_hw(t)
 
     def _push(self, t: int, code: int, what: str, arg: int) -> None:
         self.seq += 1
@@ -136,10 +174,7 @@ class ControllerReplay(ControllerControl, SeriesSegments, GroupReplay):
         self._pending_expand = out.get("expand")
 
     def _cut(self, t: int, out: dict) -> None:
-        b = self._pending_expand
-        self._resolve(t)
-        self.sss = self._in_order([*self.sss, b])  # a slave rejoins once it reaches the confirm offset
-        self._recompute_hw(t)
+        self._rejoin(t, self._pending_expand)
 
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols

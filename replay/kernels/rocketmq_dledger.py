@@ -50,7 +50,7 @@ class DLedgerReplay(SteadySegments, GroupReplay):
         return SteadyRule(ldr, self._serving() is not None, ldr is not None and bool(self.cp.alive(ldr)),
                           CommitRule.DLEDGER, self.q, True, commits, self.commit)
 
-    def _steady_done(self, commit: int) -> None:
+    def _steady_done(self, commit: int, hw: int, expand: int | None) -> None:
         self.commit = commit
 
     def _blocked(self) -> bool:

@@ -1,4 +1,6 @@
-"""Steady segments of the `rocketmq-controller` kernel as whole-array numpy operations: a follower's log end
+"""Steady segments of the `rocketmq-controller` kernel while a zombie (a replaced master that clients still reach,
+C7) takes writes, as whole-array numpy operations (the other segments run in compiled code, `rocketmq_stretch`;
+the differential suites hold both to the reference): a follower's log end
 after each report is a running maximum of `searchsorted` over the leader's append times (SPEC §3.2 rule 5),
 commit points are element-wise minimum / k-th largest values over the members' series, ack and visibility times
 are `searchsorted`s of offsets into those series."""

@@ -1,6 +1,6 @@
-"""Steady segments of the `rocketmq` and `dledger` kernels: the compiled loop (`rocketmq_steady.group_steady`)
-called with the state it needs, and its effects on the Python-held state (logs as runs, flush history, timeline
-rows, availability). The family says which commit rule answers its leader's requests (`_steady_rule`)."""
+"""Steady segments of the RocketMQ kernels: the compiled loop (`rocketmq_steady.group_steady`) called with the
+state it needs, and its effects on the Python-held state (logs as runs, flush history, timeline rows,
+availability). The family says which commit rule answers its leader's requests (`_steady_rule`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from replay.kernels import rocketmq_steady as steady
 from replay.kernels._arrays import Grow, extend_runs, prefix_runs, reserve, runs_array
 from replay.kernels.rocketmq_steady import CommitRule
 from replay.rocketmq_control import INF, KEY
+from schemas.outcomes import Error
 from schemas.trace import Kind
 
 C_PRODUCE = int(Kind.PRODUCE)
@@ -28,8 +29,16 @@ class SteadyRule:
     rule: CommitRule
     k: int  # CLASSIC: slave copies needed (0: ack at append); DLEDGER: the majority
     usable: bool  # CLASSIC: enough usable slaves (else slave_not_available at once)
-    commits: bool  # the commit point may move (DLEDGER: the leader reaches a majority, R-4)
+    commits: bool  # the commit point may move (DLEDGER: the leader reaches a majority, R-4; CONTROLLER: it serves)
     commit: int  # the commit point before the segment
+    refusal: Error = Error.NO_LEADER  # why an arrival fails when the leader does not take it (R2)
+    # CONTROLLER (§3.5): the confirm offset, whether it may move (the master is up), allAckInSyncStateSet, and
+    # the brokers of the master's view of the SyncStateSet and of the set itself
+    hw: int = 0
+    hw_moves: bool = False
+    all_ack: bool = False
+    view: tuple[int, ...] = ()
+    sss: tuple[int, ...] = ()
 
 
 class SteadySegments:
@@ -58,8 +67,9 @@ class SteadySegments:
         state.pop("_bufs", None)  # scratch: not part of the replay's state (stream snapshots stay small)
         return state
 
-    def _steady_done(self, commit: int) -> None:
-        """Carry the segment's final commit point."""
+    def _steady_done(self, commit: int, hw: int, expand: int | None) -> None:
+        """Carry the segment's final commit point and confirm offset; `expand`: the broker that rejoins the
+        SyncStateSet at the segment's last event (CONTROLLER)."""
 
     def _stream(self, limit_key: int) -> None:
         """Process replicate/produce events and scheduled arrivals with keys below `limit_key`, one compiled
@@ -94,33 +104,37 @@ class SteadySegments:
                                     else self.epochs[epoch])
         cf = np.zeros(steady.N_CONSTANTS, dtype=np.int64)
         cf[[steady.F_S_HI, steady.F_SCHED_HI, steady.F_ROW0, steady.F_PEND_N, steady.F_LI, steady.F_LB,
-            steady.F_SRV_OK, steady.F_L_OK, steady.F_RULE, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
-            steady.F_EPOCH, steady.F_INC, steady.F_ANSWER, steady.F_WINDOW, steady.F_BLOCKED]] = [
+            steady.F_SRV_OK, steady.F_L_OK, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
+            steady.F_EPOCH, steady.F_INC, steady.F_ANSWER, steady.F_WINDOW, steady.F_BLOCKED, steady.F_REFUSAL,
+            steady.F_ALL_ACK, steady.F_HW_MOVES]] = [
             hi, shi, pend_n, pend_n, li, -1 if ldr is None else ldr, int(rule.takes and ldr is not None),
-            int(rule.reachable), int(rule.rule), rule.k, int(rule.usable), int(rule.commits), epoch,
+            int(rule.reachable), rule.k, int(rule.usable), int(rule.commits), epoch,
             int(self.incarnation[li]) if li >= 0 else 0, self._answer_ms() * MS, self.timeline.window_us,
-            int(self._blocked())]
+            int(self._blocked()), int(rule.refusal), int(rule.all_ack), int(rule.hw_moves)]
         av = self.timeline.av_prev or (0, False, INF)
         sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
         sc[[steady.S_CUR_T, steady.S_COMMIT, steady.S_AV_HAS, steady.S_AV_T, steady.S_AV_BLOCKED, steady.S_AV_STALL,
-            steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_POS]] = [
+            steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_POS, steady.S_HW]] = [
             self.cur_t, rule.commit, int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2],
-            self.lead_app.n, self.lead_cum.n, ep_app.n, lo]
+            self.lead_app.n, self.lead_cum.n, ep_app.n, lo, rule.hw]
         n = len(self.order)
         alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
+        ctl = np.array([steady.IN_VIEW * (b in rule.view) + steady.IN_SSS * (b in rule.sss) for b in self.order],
+                       dtype=np.int64)
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         before = self.log_len.copy()
         w_rep, w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
-        steady.group_steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
-                            c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
-                            c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
-                            alive, lead_runs, reserve(self.lead_app, due), reserve(self.lead_cum, due),
-                            reserve(ep_app, due), reserve(ep_cum, due), np.empty(n, dtype=np.int64),
-                            w_rep, w_t, w_len, w_bytes, rows, unav)
+        steady.GROUP_STEADY[rule.rule](
+            sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
+            c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
+            c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
+            alive, ctl, lead_runs, reserve(self.lead_app, due), reserve(self.lead_cum, due),
+            reserve(ep_app, due), reserve(ep_cum, due), np.empty(n, dtype=np.int64),
+            w_rep, w_t, w_len, w_bytes, rows, unav)
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
-        self._steady_done(int(sc[steady.S_COMMIT]))
         self.s_pos = int(sc[steady.S_POS])
+        self.pend.n = int(sc[steady.S_ROW])  # a segment cut short: the rows of produce events it did not reach go
         took = int(sc[steady.S_SCHED_POS])
         if took:
             self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
@@ -154,3 +168,5 @@ class SteadySegments:
         if sc[steady.S_AV_HAS]:
             self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]),
                                      int(sc[steady.S_AV_STALL]))
+        expand = int(sc[steady.S_EXPAND])
+        self._steady_done(int(sc[steady.S_COMMIT]), int(sc[steady.S_HW]), self.order[expand] if expand >= 0 else None)
