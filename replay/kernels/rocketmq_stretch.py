@@ -1,6 +1,7 @@
-"""Steady segments of the RocketMQ kernels: the compiled loop (`rocketmq_steady.group_steady`) called with the
-state it needs, and its effects on the Python-held state (logs as runs, flush history, timeline rows,
-availability). The family says which commit rule answers its leader's requests (`_steady_rule`)."""
+"""Steady segments of the RocketMQ kernels: the compiled loop of the family's commit rule
+(`rocketmq_steady.GROUP_STEADY`) called with the state it needs, and its effects on the Python-held state (logs as
+runs, flush history, timeline rows, availability). The family says which commit rule answers its leader's requests
+(`_steady_rule`)."""
 
 from __future__ import annotations
 
@@ -134,7 +135,9 @@ class SteadySegments:
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
         self.s_pos = int(sc[steady.S_POS])
-        self.pend.n = int(sc[steady.S_ROW])  # a segment cut short: the rows of produce events it did not reach go
+        # a segment cut short at a rejoin (CONTROLLER): the rows made for the produce events it did not reach go,
+        # and the next segment makes them again
+        self.pend.n = int(sc[steady.S_ROW])
         took = int(sc[steady.S_SCHED_POS])
         if took:
             self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
