@@ -229,6 +229,20 @@ def add_interval(out: np.ndarray, n: int, lo: int, hi: int) -> int:
     return n + 1
 
 
+@compiled(inline=True)
+def close_instant(sc: np.ndarray, av: int, t: int, blocked: bool, stall: int, unav_out: np.ndarray, n_unav: int) -> int:
+    """A compiled loop closes instant t (`Timeline.end_instant`): the availability of the instant before, held in
+    sc[av: av + 4] as (open, instant, blocked, stall start), ends at t, its unavailability joined into
+    unav_out[:n_unav] (`Timeline.close`); then t's own is held there. Returns the new interval count."""
+    if sc[av] == 1:
+        if sc[av + 2] == 1:
+            n_unav = add_interval(unav_out, n_unav, sc[av + 1], t)
+        elif sc[av + 3] < t:
+            n_unav = add_interval(unav_out, n_unav, max(sc[av + 1], sc[av + 3]), t)
+    sc[av], sc[av + 1], sc[av + 2], sc[av + 3] = 1, t, 1 if blocked else 0, stall
+    return n_unav
+
+
 def joined_intervals(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
     """Intervals [lo, hi) in time order, each starting at or after the previous end, with touching ones joined
     (`add_interval` for a whole array: what `replay.results.merge_intervals` makes of them, without a tuple per

@@ -16,7 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import add_interval, compiled, in_runs, timeline_row
+from replay.kernels._arrays import close_instant, compiled, in_runs, timeline_row
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 
@@ -61,6 +61,7 @@ _ZERO, _ONE, _ALL = int(AckCode.ZERO), int(AckCode.ONE), int(AckCode.ALL)
 (S_HW, S_ZHW, S_ZSTALL, S_CUR_T, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N,
  S_EP_N, S_PEND_N, S_POS, S_SCHED_POS, S_APPENDED, S_EXPAND, S_NROWS, S_NUNAV, S_NEXTRA, S_NHW, S_TICK) = range(22)
 N_SCALARS = 22
+assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
 # Indices of the per-stretch constants in `cf`.
 (F_S_HI, F_SCHED_HI, F_LI, F_SI, F_SRV_LEADER, F_SRV_OK, F_REFUSING, F_ACKS, F_L_OK, F_HW_MOVES, F_EPOCH,
  F_EPOCH_START, F_DELIVERY, F_TIMEOUT, F_WINDOW, F_ZOMBIE, F_ZOMBIE_ALONE, F_BLOCKED, F_SERIES, F_FLUSH,
@@ -196,14 +197,7 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                         stall = lead_app[hw] + timeout  # the oldest entry waiting for the high watermark
                 elif zhw < log_len[si]:
                     stall = zstall
-            if sc[S_AV_HAS] == 1:  # the availability of the instant before ends here
-                lo, hi = INF, 0
-                if sc[S_AV_BLOCKED] == 1:
-                    lo, hi = sc[S_AV_T], cur_t
-                elif sc[S_AV_STALL] < cur_t:
-                    lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
-                n_unav = add_interval(unav_out, n_unav, lo, hi)
-            sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
+            n_unav = close_instant(sc, S_AV_HAS, cur_t, blocked, stall, unav_out, n_unav)
             cur_t = t
         if at_tick:  # ------------------------------- rule 6: an idle ISR check tick; the next one is due
             tick = kc + tick_period * 16 if t + tick_period <= duration else INF

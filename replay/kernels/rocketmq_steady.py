@@ -16,7 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from replay.kernels._arrays import add_interval, compiled, in_runs, kth_largest, timeline_row
+from replay.kernels._arrays import close_instant, compiled, in_runs, kth_largest, timeline_row
 from replay.rocketmq_control import INF, KEY
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
@@ -45,6 +45,7 @@ IN_VIEW, IN_SSS = 1, 2
 (S_CUR_T, S_COMMIT, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N, S_EP_N, S_POS,
  S_SCHED_POS, S_APPENDED, S_NWRITES, S_NROWS, S_NUNAV, S_HW, S_ROW, S_EXPAND) = range(19)
 N_SCALARS = 19
+assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
 # Indices of the per-segment constants in `cf`.
 (F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_K, F_USABLE_OK, F_COMMITS,
  F_EPOCH, F_INC, F_ANSWER, F_WINDOW, F_BLOCKED, F_REFUSAL, F_ALL_ACK, F_HW_MOVES) = range(19)
@@ -200,14 +201,7 @@ def _steady_loop(rule: int):
                 stall = INF  # R7: the oldest entry still waiting for its commit, once its timeout passed
                 if not blocked and by_point and commit < leo_c:
                     stall = lead_app[commit] + answer_us
-                if sc[S_AV_HAS] == 1:  # the availability of the instant before ends here
-                    lo, hi = INF, 0
-                    if sc[S_AV_BLOCKED] == 1:
-                        lo, hi = sc[S_AV_T], cur_t
-                    elif sc[S_AV_STALL] < cur_t:
-                        lo, hi = max(sc[S_AV_T], sc[S_AV_STALL]), cur_t
-                    n_unav = add_interval(unav_out, n_unav, lo, hi)
-                sc[S_AV_HAS], sc[S_AV_T], sc[S_AV_BLOCKED], sc[S_AV_STALL] = 1, cur_t, 1 if blocked else 0, stall
+                n_unav = close_instant(sc, S_AV_HAS, cur_t, blocked, stall, unav_out, n_unav)
                 cur_t = t
             reporter = -1
             if trace:
