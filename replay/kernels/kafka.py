@@ -23,7 +23,7 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, runs_array
+from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, reserve_rows, runs_array
 from replay.kernels._judge import judge
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
@@ -31,6 +31,7 @@ from replay.kernels.kafka_common import (
     MS,
     PAYLOAD,
     PENDING_COLS,
+    RECORD_COLS,
     key,
 )
 from replay.kernels.kafka_control import KafkaControl
@@ -41,7 +42,6 @@ from replay.kernels.kafka_stretch import KafkaStretches
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
     FinalView,
-    MessageRecords,
     PartitionResult,
     merge_intervals,
 )
@@ -111,7 +111,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.extra: list[tuple[int, int, int]] = []  # earlier appends of retried messages (msg, epoch, offset)
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
         self.sched_row = np.zeros(0, dtype=np.int64)
-        self.done: list[MessageRecords] = []
+        self.recs = Table(RECORD_COLS)  # settled messages, handed over from `pend` (`_compact`)
         self.replication_bytes = 0
         # per-instant bookkeeping
         self.cur_t = 0
@@ -130,11 +130,13 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         c_kind, c_b = ev.broker_kind[ctrl], ev.broker_id[ctrl]
         none = np.full(len(ev.produce_ts), -1, dtype=np.int64)
         payload = [np.asarray((ev.payload or {}).get(name, none), dtype=np.int64) for name in PAYLOAD]
-        (self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, *pay) = merge_stream(
-            ev.broker_ts, ev.broker_kind, rep_ix, ev.broker_upto, ev.produce_ts, ev.produce_msg, ev.produce_size,
-            *payload)
-        self.s_payload = dict(zip(PAYLOAD, pay, strict=True))
+        self.s_key, self.s_src = merge_stream(ev.broker_ts, ev.broker_kind, rep_ix, ev.produce_ts)
+        # the columns the merged stream points into (`merge_stream`): the chunk's reports and produce events
+        self.s_reports = (rep_ix, ev.broker_upto)
+        self.s_produce = (ev.produce_msg, ev.produce_size, *payload)
         self.s_pos = 0
+        # room for every message this chunk may settle: the records grow once, not by doubling copies
+        reserve_rows(self.recs, self.pend.n + len(ev.produce_ts))
         until_key = key(until_us, 0)
         ci = 0
         while True:
@@ -167,8 +169,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self._clock(INF)  # close the last instant
         rows = self.timeline.finish(self.duration_us)
         view = self._final_view()
-        records = MessageRecords.concat([*self.done, self._records(np.ones(self.pend.n, dtype=bool))])
-        records = records.sorted_by_msg_id()
+        records = self._all_records().sorted_by_msg_id()
         if self.extra:
             records.extra_positions = np.array(sorted(self.extra), dtype=np.int64).reshape(-1, 3)
         result = PartitionResult(self.partition, judge(records, view), rows,

@@ -136,12 +136,13 @@ def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing
 
 
 @compiled
-def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s_keyid, sched_key, sched_row,
+def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_keyid, sched_key, sched_row,
            msg, prod, size, dead, state, err, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
            log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
            lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out):
     """Apply the due stream events of one steady stretch (see the module docstring). Returns nothing: the
-    carried scalars are in `sc`, outputs in the *_out buffers with their counts in `sc`."""
+    carried scalars are in `sc`, outputs in the *_out buffers with their counts in `sc`. The stream is (s_key,
+    s_src) of `kafka_stream.merge_stream`: s_src points into the reports' (b_) or the produce events' (p_) columns."""
     hw, zhw, zstall, cur_t = sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T]
     lead_n, cum_n, ep_n, pend_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N]
     i_s, i_r = sc[S_POS], sc[S_SCHED_POS]
@@ -203,10 +204,11 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
             tick = kc + tick_period * 16 if t + tick_period <= duration else INF
             continue
         if trace:
-            j = i_s
+            j = s_src[i_s]
             i_s += 1
-            if s_code[j] == C_REPLICATE:  # ------------------------------------------ rule 5: a report
-                b = s_rep[j]
+            if j < 0:  # ------------------------------------------------------------------ rule 5: a report
+                j = -1 - j
+                b = b_rep[j]
                 if not l_ok or b < 0 or not ok_rep[b]:
                     continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
                 leo = log_len[li]
@@ -215,14 +217,14 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                 # never shrinks a follower's log): append times never decrease in a log, so a scan from the log
                 # end finds it in time proportional to the entries it copies.
                 new_len = old
-                while new_len < min(leo, lead_n) and lead_app[new_len] <= s_upto[j]:
+                while new_len < min(leo, lead_n) and lead_app[new_len] <= b_upto[j]:
                     new_len += 1
                 if new_len > old:
                     sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
                     wrote(b, t, new_len, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
                 log_len[b] = new_len
                 fetched[b] = new_len
-                lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
+                lcu[b] = max(lcu[b], t if new_len == leo else b_upto[j])
                 arrival = False
                 if not in_isr[b]:
                     expand = b  # checked against the high watermark below
@@ -230,10 +232,10 @@ def steady(sc, cf, s_key, s_code, s_rep, s_upto, s_msg, s_size, s_pid, s_part, s
                 r = pend_n
                 pend_n += 1
                 # Every column of the new row is written: its slots are unset (`_arrays._grown`) or stale (Table.keep)
-                msg[r], prod[r], size[r], dead[r] = s_msg[j], t, s_size[j], t + delivery
+                msg[r], prod[r], size[r], dead[r] = p_msg[j], t, p_size[j], t + delivery
                 state[r], err[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, _NO_ERROR, t, 0, -1, -1
                 req[r], ack[r], vis[r] = INF, NULL_US, NULL_US
-                pid[r], part[r], keyid[r] = s_pid[j], s_part[j], s_keyid[j]
+                pid[r], part[r], keyid[r] = p_pid[j], p_part[j], p_keyid[j]
         else:  # --------------------------------------------------------- a NotEnoughReplicas retry (rule 3)
             r = sched_row[i_r]
             i_r += 1

@@ -85,14 +85,12 @@ class KafkaStretches:
         rows, unav, extra, hw_ch = self.scratch
         grow_from = self.log_len.copy()
         old_hw = self.hw
-        p = self.s_payload
-        steady.steady(sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.s_msg, self.s_size, p["pid"],
-                      p["part"], p["keyid"], self.sched_key, self.sched_row, c["msg"], c["prod"], c["size"],
-                      c["dead"], c["state"], c["err"], c["anchor"], c["nref"], c["pe"], c["po"], c["req"], c["ack"],
-                      c["vis"], c["pid"], c["part"], c["keyid"], self.log_len, self.fetched, self.lcu, self.flushed_all,
-                      self.dur_d, self.dur_len, self.dur_n, ok_rep, in_isr, in_view, lead_runs,
-                      reserve(self.lead_app, due), reserve(self.lead_cum, due), reserve(ep_app, due),
-                      reserve(ep_size, due), rows, unav, extra, hw_ch)
+        steady.steady(sc, cf, self.s_key, self.s_src, *self.s_reports, *self.s_produce, self.sched_key,
+                      self.sched_row, c["msg"], c["prod"], c["size"], c["dead"], c["state"], c["err"], c["anchor"],
+                      c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"], c["pid"], c["part"], c["keyid"],
+                      self.log_len, self.fetched, self.lcu, self.flushed_all, self.dur_d, self.dur_len, self.dur_n,
+                      ok_rep, in_isr, in_view, lead_runs, reserve(self.lead_app, due), reserve(self.lead_cum, due),
+                      reserve(ep_app, due), reserve(ep_size, due), rows, unav, extra, hw_ch)
         # ----- the carried scalars and the growable arrays back
         self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
         if zombie:

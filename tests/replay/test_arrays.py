@@ -98,7 +98,7 @@ def test_compiled_judge_agrees_with_the_results_judge():
 
 def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy: str) -> tuple[list, int]:
     """The kernels' results on a library trace when the slots a buffer grows by (unset in production) are filled
-    with byte `fill`, and how many compactions (`Table.keep`) ran."""
+    with byte `fill`, and how many compactions (`Table.keep`, the Kafka kernel's `_hand_over`) ran."""
     from replay.kernels import _arrays
     from replay.local import replay_local
     from replay.policies import parse_policy
@@ -110,15 +110,23 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
         new[:n] = buf[:n]
         return new
 
+    from replay.kernels.kafka_outputs import KafkaOutputs
+
     keeps = []
-    keep = _arrays.Table.keep
+    keep, hand_over = _arrays.Table.keep, KafkaOutputs._hand_over
 
     def counted_keep(self, mask):
         keeps.append(self.n)
         return keep(self, mask)
 
+    def counted_hand_over(self, settled):  # the Kafka kernel's compaction (the end of trace takes every row)
+        if not settled.all():
+            keeps.append(self.pend.n)
+        return hand_over(self, settled)
+
     monkeypatch.setattr(_arrays, "_grown", grown)
     monkeypatch.setattr(_arrays.Table, "keep", counted_keep)
+    monkeypatch.setattr(KafkaOutputs, "_hand_over", counted_hand_over)
     manifest, table = load_trace(trace, 1, scale)
     results = replay_local(parse_policy(policy), manifest, table)
     monkeypatch.undo()
@@ -176,3 +184,35 @@ def test_joined_intervals_are_what_merge_intervals_makes_of_them():
             count = add_interval(out, count, a, a)  # empty: dropped
             count = add_interval(out, count, a, b)
         assert list(map(tuple, out[:count].tolist())) == expected
+
+
+@pytest.mark.parametrize(("trace", "scale", "policy"), [
+    ("k5-min-isr-refusal", 1.0, "kafka-durable"),  # compactions by deadlines, failed rows among thousands pending
+    ("steady-state", 0.5, "kafka-durable"),  # compactions between stretches, acks=all rows kept pending
+])
+def test_kafka_compaction_changes_no_result(monkeypatch, trace, scale, policy):
+    """The Kafka kernel hands settled messages over to its records and compacts the rest in place as it goes
+    (`kafka_outputs.hand_over`); replaying with every message kept pending to the end must give the same results,
+    and the compactions must have kept some rows (so moved rows are compared, not only handed-over ones)."""
+    from replay.kernels import kafka_stretch
+    from replay.kernels.kafka_outputs import KafkaOutputs
+    from replay.local import replay_local
+    from replay.policies import parse_policy
+    from report.dledger_vs_kafka import load_trace
+
+    manifest, table = load_trace(trace, 1, scale)
+    kept = []
+    hand_over = KafkaOutputs._hand_over
+
+    def counted(self, settled):
+        if not settled.all():
+            kept.append(int((~settled).sum()))
+        return hand_over(self, settled)
+
+    monkeypatch.setattr(KafkaOutputs, "_hand_over", counted)
+    compacted = replay_local(parse_policy(policy), manifest, table)
+    assert sum(k > 0 for k in kept) >= 2
+    monkeypatch.setattr(KafkaOutputs, "_compact", lambda self: None)
+    monkeypatch.setattr(kafka_stretch, "COMPACT_AT", 2**62)
+    whole = replay_local(parse_policy(policy), manifest, table)
+    assert _everything(compacted) == _everything(whole)
