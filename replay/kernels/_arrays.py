@@ -8,8 +8,9 @@ import numpy as np
 def _grown(buf: np.ndarray, n: int, capacity: int) -> np.ndarray:
     """A buffer of `capacity` holding buf[:n]. Its other slots are left unset (np.empty: the zero-fill cost 1-16 %
     of a kernel's CPU, depending on the host): nothing reads a slot past a buffer's count before writing it, and
-    a new row is written in every column (`Table.append`, `kafka_steady.steady`), as a row that `Table.keep` left
-    stale must be anyway. `tests/replay/test_arrays.py` fills these slots with garbage to hold that."""
+    a new row is written in every column (`Table.append`, `kafka_steady.steady`), as a row that a compaction
+    (`_records.hand_over`) left stale must be anyway. `tests/replay/test_arrays.py` fills these slots with garbage
+    to hold that."""
     new = np.empty(capacity, dtype=buf.dtype)
     new[:n] = buf[:n]
     return new
@@ -60,7 +61,7 @@ class Grow:
 
 
 class Table:
-    """Columns of equal length with appends, masks and compaction (the kernels' pending messages)."""
+    """Columns of equal length with appends (the kernels' pending messages and records; `_records` compacts them)."""
 
     def __init__(self, dtypes: dict[str, type]) -> None:
         self.dtypes = dict(dtypes)  # own copy: a kernel adds payload columns to its table, not to every table
@@ -80,16 +81,12 @@ class Table:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.cols[name][: self.n]
 
-    def keep(self, mask: np.ndarray) -> np.ndarray:
-        """Keep rows where mask is true; returns the old->new index map (-1 for dropped rows)."""
-        idx = np.flatnonzero(mask)
-        remap = np.full(self.n, -1, dtype=np.int64)
-        remap[idx] = np.arange(len(idx))
-        for name in self.dtypes:
-            col = self.cols[name]
-            col[: len(idx)] = col[idx]  # in place: the columns keep their capacity for the next rows
-        self.n = len(idx)
-        return remap
+    def __getstate__(self):
+        # the rows only (a stream replay pickles its groups' kernels): not the capacity reserved past them
+        return {"dtypes": self.dtypes, "cols": {k: v[: self.n] for k, v in self.cols.items()}, "n": self.n}
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
 
 
 def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key: int

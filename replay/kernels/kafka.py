@@ -25,13 +25,15 @@ from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
 from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, reserve_rows, runs_array
 from replay.kernels._judge import judge
+from replay.kernels._records import all_records, record_table
 from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
+    ACKED,
     C_REPLICATE,
+    FAILED,
     MS,
     PAYLOAD,
     PENDING_COLS,
-    RECORD_COLS,
     key,
 )
 from replay.kernels.kafka_control import KafkaControl
@@ -111,7 +113,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.extra: list[tuple[int, int, int]] = []  # earlier appends of retried messages (msg, epoch, offset)
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
         self.sched_row = np.zeros(0, dtype=np.int64)
-        self.recs = Table(RECORD_COLS)  # settled messages, handed over from `pend` (`_compact`)
+        self.recs = record_table(PAYLOAD)  # settled messages, handed over from `pend` (`_compact`)
         self.replication_bytes = 0
         # per-instant bookkeeping
         self.cur_t = 0
@@ -169,7 +171,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self._clock(INF)  # close the last instant
         rows = self.timeline.finish(self.duration_us)
         view = self._final_view()
-        records = self._all_records().sorted_by_msg_id()
+        records = all_records(self.pend, self.recs, PAYLOAD, int(ACKED), int(FAILED)).sorted_by_msg_id()
         if self.extra:
             records.extra_positions = np.array(sorted(self.extra), dtype=np.int64).reshape(-1, 3)
         result = PartitionResult(self.partition, judge(records, view), rows,

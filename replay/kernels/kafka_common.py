@@ -21,13 +21,6 @@ PENDING_COLS = {
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
 PAYLOAD = ("pid", "part", "keyid")
-#: The pending table's columns as `kafka_outputs.hand_over` takes them: the int64 ones, then the int8 ones.
-PENDING_I64 = tuple(name for name, t in PENDING_COLS.items() if t is np.int64)
-PENDING_I8 = ("state", "err")
-#: A settled message's record (`replay.results.MessageRecords`' columns, then PAYLOAD): its int64 columns, taken
-#: from the pending columns of the same name, then status (from state) and err.
-RECORD_I64 = ("msg", "prod", "ack", "vis", "pe", "po", *PAYLOAD)
-RECORD_COLS = {**{name: np.int64 for name in RECORD_I64}, "status": np.int8, "err": np.int8}
 COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
 
 

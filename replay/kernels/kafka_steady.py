@@ -231,7 +231,8 @@ def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_
             else:  # -------------------------------------------------------- rules 3-4: a new message
                 r = pend_n
                 pend_n += 1
-                # Every column of the new row is written: its slots are unset (`_arrays._grown`) or stale (Table.keep)
+                # Every column of the new row is written: its slots are unset (`_arrays._grown`) or stale (a
+                # compaction, `_records.hand_over`)
                 msg[r], prod[r], size[r], dead[r] = p_msg[j], t, p_size[j], t + delivery
                 state[r], err[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, _NO_ERROR, t, 0, -1, -1
                 req[r], ack[r], vis[r] = INF, NULL_US, NULL_US

@@ -15,13 +15,17 @@ from replay.kernels._arrays import (
     Timeline,
     is_ascending,
     merge_order,
+    reserve_rows,
     runs_array,
     take_or,
 )
 from replay.kernels._judge import judge
+from replay.kernels._records import all_records, record_table
 from replay.kernels.rocketmq_common import (
+    ACKED,
     C_PRODUCE,
     C_REPLICATE,
+    FAILED,
     MS,
     PENDING_COLS,
     SEGMENT_MAX,
@@ -35,7 +39,7 @@ from replay.policies import (
     FlushMode,
     Policy,
 )
-from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, merge_intervals
+from replay.results import FinalView, PartitionResult, StateRow, merge_intervals
 from replay.rocketmq_control import (
     INF,
     KEY,
@@ -81,7 +85,7 @@ class GroupReplay(GroupMessages, GroupLogs):
         self.payload_keys: tuple[str, ...] | None = None
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled arrivals (DLedger retries)
         self.sched_row = np.zeros(0, dtype=np.int64)
-        self.done: list[MessageRecords] = []
+        self.recs = record_table()  # settled messages, handed over from `pend` (`_compact`); payload columns added
         self.replication_bytes = 0
         self.cur_t = 0
         self.timeline = Timeline(window_us)
@@ -135,6 +139,8 @@ class GroupReplay(GroupMessages, GroupLogs):
         # produce events: failed routing settles at once, delayed arrivals are scheduled, the rest stream
         payload = getattr(ev, "payload", None) or {}
         self._add_payload_keys(payload)
+        # room for every message this chunk may settle: the records grow once, not by doubling copies
+        reserve_rows(self.recs, self.pend.n + len(ev.produce_ts))
         part = payload.get("part", np.zeros(len(ev.produce_ts), dtype=np.int64))
         delay = payload.get("delay", np.zeros(len(ev.produce_ts), dtype=np.int64))
         unrouted = part < 0
@@ -192,12 +198,7 @@ class GroupReplay(GroupMessages, GroupLogs):
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
         view = FinalView(None if final is None else runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
-        parts = [*self.done, self._records(np.ones(self.pend.n, dtype=bool))]
-        for part in parts:  # every part carries every payload key
-            part.payload = {k: part.payload.get(k, np.full(len(part), -1, dtype=np.int64))
-                            for k in self.payload_keys or ()}
-        records = MessageRecords.concat(parts)
-        records = records.sorted_by_msg_id()
+        records = all_records(self.pend, self.recs, self.payload_keys or (), int(ACKED), int(FAILED)).sorted_by_msg_id()
         result = PartitionResult(self.unit, judge(records, view), rows, merge_intervals(self.timeline.unavail),
                                  replication_bytes)
         result.view = view  # type: ignore[attr-defined]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.kernels._arrays import (
-    runs_array,
-)
+from replay.kernels._arrays import runs_array
+from replay.kernels._records import hand_over_settled, settled_mask
 from replay.kernels.rocketmq_common import (
     ACKED,
     FAILED,
@@ -15,13 +14,15 @@ from replay.kernels.rocketmq_common import (
     PREARRIVE,
     WAITING,
 )
-from replay.results import MessageRecords, runs_contain
+from replay.results import runs_contain
 from replay.rocketmq_control import (
     C_ARRIVE,
     INF,
     key_of,
 )
 from schemas.outcomes import NULL_US, Error, Status
+
+_ACKED, _FAILED = int(ACKED), int(FAILED)
 
 
 class GroupMessages:
@@ -35,8 +36,9 @@ class GroupMessages:
             return
         self.payload_keys = tuple(self.payload_keys or ()) + tuple(new)
         for k in new:
-            self.pend.dtypes[k] = np.int64
-            self.pend.cols[k] = np.full(len(self.pend.cols["msg"]), -1, dtype=np.int64)
+            for table in (self.pend, self.recs):
+                table.dtypes[k] = np.int64
+                table.cols[k] = np.full(len(table.cols["msg"]), -1, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
         # scalars broadcast into the table's columns (no per-column temporaries)
@@ -48,12 +50,10 @@ class GroupMessages:
 
     def _settle_unrouted(self, ev: PartitionEvents, payload: dict, sel: np.ndarray) -> None:
         """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
-        k = int(sel.sum())
-        rec = MessageRecords(ev.produce_msg[sel], ev.produce_ts[sel], np.full(k, Status.FAILED, np.int8),
-                             np.full(k, Error.NO_ROUTE, np.int8), np.full(k, NULL_US), np.full(k, NULL_US),
-                             np.full(k, -1), np.full(k, -1))
-        rec.payload = {name: payload[name][sel] for name in self.payload_keys or ()}
-        self.done.append(rec)
+        # scalars broadcast into the table's columns
+        self.recs.append(msg=ev.produce_msg[sel], prod=ev.produce_ts[sel], status=Status.FAILED, err=Error.NO_ROUTE,
+                         ack=NULL_US, vis=NULL_US, pe=-1, po=-1,
+                         **{name: payload[name][sel] for name in self.payload_keys or ()})
 
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
         ts = ev.produce_ts[sel]
@@ -63,18 +63,6 @@ class GroupMessages:
         all_rows = np.concatenate([self.sched_row, rows])
         order = np.lexsort((self.pend["msg"][all_rows], keys))  # same instant: msg_id order
         self.sched_key, self.sched_row = keys[order], all_rows[order]
-
-    def _records(self, mask: np.ndarray) -> MessageRecords:
-        """The rows of boolean `mask` as records: a boolean index copies, so they stay as they are when the table
-        compacts in place (`Table.keep`)."""
-        c = self.pend
-        st = c["state"][mask]
-        status = np.where(st == ACKED, Status.ACKED, np.where(st == FAILED, Status.FAILED, Status.PENDING))
-        rec = MessageRecords(c["msg"][mask], c["prod"][mask], status.astype(np.int8),
-                             c["err"][mask], c["ack"][mask], c["vis"][mask],
-                             c["pe"][mask], c["po"][mask])
-        rec.payload = {k: c[k][mask] for k in self.payload_keys or ()}
-        return rec
 
     def _limit(self, rows: np.ndarray) -> np.ndarray:
         """Last instant at which an ack still counts (R1): the broker's status or the client's deadline."""
@@ -143,22 +131,13 @@ class GroupMessages:
             self._compact()
 
     def _compact(self) -> None:
-        """Hand settled messages to the output: answered, and visible or held by no broker."""
+        """Hand settled messages to the records: answered, and visible or held by no broker."""
         n = self.pend.n
         if n < 4096:
             return
-        st, vis, pe, po = self.pend["state"], self.pend["vis"], self.pend["pe"], self.pend["po"]
-        answered = (st == ACKED) | (st == FAILED)
-        settled = answered & (vis != NULL_US)
-        maybe = answered & (vis == NULL_US)
-        if maybe.any():
-            alive = np.zeros(n, dtype=bool)
-            for runs in self.runs:
-                alive |= runs_contain(runs_array(runs), pe, po)
-            settled |= maybe & ~alive
-        if settled.sum() < n // 2:
+        settled, count = settled_mask(self.pend, self.runs, None, _ACKED, _FAILED)
+        if count < n // 2:
             return
-        self.done.append(self._records(settled))
-        remap = self.pend.keep(~settled)
+        remap = hand_over_settled(self.pend, self.recs, settled, self.payload_keys or (), _ACKED, _FAILED)
         if len(self.sched_row):
             self.sched_row = remap[self.sched_row]

@@ -19,6 +19,23 @@ def test_tables_built_from_one_column_spec_do_not_share_added_columns():
     assert second.cols["msg"][:2].tolist() == [7, 8]
 
 
+def test_a_pickled_table_keeps_its_rows_not_its_capacity():
+    """Stream mode pickles its groups' kernels, whose tables reserve room ahead (unset slots)."""
+    import pickle
+
+    from replay.kernels._arrays import reserve_rows
+
+    table = Table({"msg": np.int64, "state": np.int8})
+    table.append(msg=np.arange(5), state=np.arange(5, dtype=np.int8))
+    reserve_rows(table, 100_000)
+    blob = pickle.dumps(table)
+    assert len(blob) < 2_000
+    again = pickle.loads(blob)
+    assert again.n == 5 and again["msg"].tolist() == [0, 1, 2, 3, 4] and again["state"].tolist() == [0, 1, 2, 3, 4]
+    assert again.append(msg=np.array([9]), state=np.array([9], dtype=np.int8)).tolist() == [5]
+    assert again["msg"].tolist() == [0, 1, 2, 3, 4, 9]
+
+
 def test_compiled_helpers_agree_with_their_numpy_definitions():
     """The numba helpers the kernels use in place of numpy expressions compute exactly those expressions."""
     from replay.kernels._arrays import forward_fill, kth_largest_columns, merge_order
@@ -37,19 +54,34 @@ def test_compiled_helpers_agree_with_their_numpy_definitions():
     assert forward_fill(idx, values, 11, -1).tolist() == [-1, -1, 10, 10, 10, 30, 30, 30, 30, 40, 40]
 
 
-def test_compaction_keeps_the_live_rows_in_order_and_the_columns_capacity():
+def test_hand_over_moves_settled_rows_keeps_the_rest_in_order_and_the_columns_capacity():
     from replay.kernels._arrays import reserve_rows
+    from replay.kernels._records import all_records, hand_over_settled, record_table
 
-    table = Table({"msg": np.int64, "state": np.int8})
-    table.append(msg=np.arange(10, 20), state=np.array([0, 3] * 5, dtype=np.int8))
-    reserve_rows(table, 100)
-    capacity = len(table.cols["msg"])
-    remap = table.keep(table["state"] == 0)
-    assert table["msg"].tolist() == [10, 12, 14, 16, 18] and table["state"].tolist() == [0] * 5
+    pend = Table({"msg": np.int64, "prod": np.int64, "state": np.int8, "err": np.int8, "ack": np.int64,
+                  "vis": np.int64, "pe": np.int64, "po": np.int64, "key": np.int64})
+    msg = np.arange(10, 20)
+    pend.append(msg=msg, prod=msg * 10, state=np.array([0, 3, 4, 0, 3, 0, 4, 0, 3, 5], dtype=np.int8),
+                err=np.array([0, 0, 2, 0, 0, 0, 1, 0, 0, 0], dtype=np.int8), ack=msg * 100, vis=msg * 1000,
+                pe=msg % 3, po=msg, key=-msg)
+    reserve_rows(pend, 100)
+    capacity = len(pend.cols["msg"])
+    recs = record_table(("key",))
+    remap = hand_over_settled(pend, recs, np.arange(10) % 2 == 1, ("key",), 3, 4)
+    assert pend["msg"].tolist() == [10, 12, 14, 16, 18] and pend["state"].tolist() == [0, 4, 3, 4, 3]
+    assert pend["err"].tolist() == [0, 2, 0, 1, 0] and pend["key"].tolist() == [-10, -12, -14, -16, -18]
     assert remap.tolist() == [0, -1, 1, -1, 2, -1, 3, -1, 4, -1]
-    assert len(table.cols["msg"]) == capacity  # the next stretch's rows fit without a reallocation
-    table.append(msg=np.array([99]), state=np.array([1], dtype=np.int8))
-    assert table["msg"].tolist() == [10, 12, 14, 16, 18, 99]
+    assert len(pend.cols["msg"]) == capacity  # the next stretch's rows fit without a reallocation
+    assert recs["msg"].tolist() == [11, 13, 15, 17, 19] and recs["key"].tolist() == [-11, -13, -15, -17, -19]
+    assert recs["status"].tolist() == [0, 2, 2, 2, 2]  # state 3 (acked) -> ACKED; 0 and 5 -> PENDING
+    pend.append(msg=np.array([99]), prod=np.array([990]), state=np.array([4], dtype=np.int8),
+                err=np.array([3], dtype=np.int8), ack=np.array([0]), vis=np.array([0]), pe=np.array([0]),
+                po=np.array([0]), key=np.array([-99]))
+    rec = all_records(pend, recs, ("key",), 3, 4)
+    assert rec.msg_id.tolist() == [11, 13, 15, 17, 19, 10, 12, 14, 16, 18, 99] and pend.n == 0
+    assert rec.status.tolist() == [0, 2, 2, 2, 2, 2, 1, 0, 1, 0, 1]  # state 4 (failed) -> FAILED
+    assert rec.error.tolist() == [0, 0, 0, 0, 0, 0, 2, 0, 1, 0, 3]
+    assert rec.ack_us.tolist()[-1] == 0 and rec.payload["key"].tolist()[5:] == [-10, -12, -14, -16, -18, -99]
 
 
 def test_records_sorted_by_msg_id_whether_or_not_they_arrive_sorted():
@@ -98,7 +130,7 @@ def test_compiled_judge_agrees_with_the_results_judge():
 
 def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy: str) -> tuple[list, int]:
     """The kernels' results on a library trace when the slots a buffer grows by (unset in production) are filled
-    with byte `fill`, and how many compactions (`Table.keep`, the Kafka kernel's `_hand_over`) ran."""
+    with byte `fill`, and how many compactions ran."""
     from replay.kernels import _arrays
     from replay.local import replay_local
     from replay.policies import parse_policy
@@ -110,27 +142,30 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
         new[:n] = buf[:n]
         return new
 
-    from replay.kernels.kafka_outputs import KafkaOutputs
-
-    keeps = []
-    keep, hand_over = _arrays.Table.keep, KafkaOutputs._hand_over
-
-    def counted_keep(self, mask):
-        keeps.append(self.n)
-        return keep(self, mask)
-
-    def counted_hand_over(self, settled):  # the Kafka kernel's compaction (the end of trace takes every row)
-        if not settled.all():
-            keeps.append(self.pend.n)
-        return hand_over(self, settled)
-
     monkeypatch.setattr(_arrays, "_grown", grown)
-    monkeypatch.setattr(_arrays.Table, "keep", counted_keep)
-    monkeypatch.setattr(KafkaOutputs, "_hand_over", counted_hand_over)
+    keeps = _count_compactions(monkeypatch)
     manifest, table = load_trace(trace, 1, scale)
     results = replay_local(parse_policy(policy), manifest, table)
     monkeypatch.undo()
     return results, len(keeps)
+
+
+def _count_compactions(monkeypatch) -> list[int]:
+    """The rows each compaction of a kernel's pending table keeps (`_compact`, which hands the settled messages
+    over to the records, `_records.hand_over`), as the kernels run."""
+    from replay.kernels.kafka_outputs import KafkaOutputs
+    from replay.kernels.rocketmq_messages import GroupMessages
+
+    kept: list[int] = []
+    for family in (KafkaOutputs, GroupMessages):
+        def counted(self, compact=family._compact):
+            before = self.pend.n
+            compact(self)
+            if self.pend.n < before:
+                kept.append(self.pend.n)
+
+        monkeypatch.setattr(family, "_compact", counted)
+    return kept
 
 
 def _everything(results) -> list:
@@ -189,30 +224,26 @@ def test_joined_intervals_are_what_merge_intervals_makes_of_them():
 @pytest.mark.parametrize(("trace", "scale", "policy"), [
     ("k5-min-isr-refusal", 1.0, "kafka-durable"),  # compactions by deadlines, failed rows among thousands pending
     ("steady-state", 0.5, "kafka-durable"),  # compactions between stretches, acks=all rows kept pending
+    ("steady-state", 0.5, "rocketmq-sync"),
+    ("steady-state", 0.5, "rocketmq-controller-allack"),
 ])
-def test_kafka_compaction_changes_no_result(monkeypatch, trace, scale, policy):
-    """The Kafka kernel hands settled messages over to its records and compacts the rest in place as it goes
-    (`kafka_outputs.hand_over`); replaying with every message kept pending to the end must give the same results,
-    and the compactions must have kept some rows (so moved rows are compared, not only handed-over ones)."""
+def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
+    """The kernels hand settled messages over to their records and compact the rest in place as they go
+    (`_records.hand_over`); replaying with every message kept pending to the end must give the same results, and
+    some compactions must have kept rows (so moved rows are compared, not only handed-over ones)."""
     from replay.kernels import kafka_stretch
     from replay.kernels.kafka_outputs import KafkaOutputs
+    from replay.kernels.rocketmq_messages import GroupMessages
     from replay.local import replay_local
     from replay.policies import parse_policy
     from report.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace(trace, 1, scale)
-    kept = []
-    hand_over = KafkaOutputs._hand_over
-
-    def counted(self, settled):
-        if not settled.all():
-            kept.append(int((~settled).sum()))
-        return hand_over(self, settled)
-
-    monkeypatch.setattr(KafkaOutputs, "_hand_over", counted)
+    kept = _count_compactions(monkeypatch)
     compacted = replay_local(parse_policy(policy), manifest, table)
     assert sum(k > 0 for k in kept) >= 2
-    monkeypatch.setattr(KafkaOutputs, "_compact", lambda self: None)
+    for family in (KafkaOutputs, GroupMessages):
+        monkeypatch.setattr(family, "_compact", lambda self: None)
     monkeypatch.setattr(kafka_stretch, "COMPACT_AT", 2**62)
     whole = replay_local(parse_policy(policy), manifest, table)
     assert _everything(compacted) == _everything(whole)
