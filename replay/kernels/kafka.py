@@ -23,7 +23,16 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.kernels import kafka_steady as steady
-from replay.kernels._arrays import Grow, Table, Timeline, append_time_at, prefix_runs, reserve_rows, runs_array
+from replay.kernels._arrays import (
+    Grow,
+    Table,
+    Timeline,
+    append_time_at,
+    prefix_runs,
+    reserve,
+    reserve_rows,
+    runs_array,
+)
 from replay.kernels._judge import judge
 from replay.kernels._records import all_records, record_table
 from replay.kernels.kafka_clients import KafkaClients
@@ -113,6 +122,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.extra: list[tuple[int, int, int]] = []  # earlier appends of retried messages (msg, epoch, offset)
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
         self.sched_row = np.zeros(0, dtype=np.int64)
+        self.room = 0  # messages the current chunk may append (`advance`)
         self.recs = record_table(PAYLOAD)  # settled messages, handed over from `pend` (`_compact`)
         self.replication_bytes = 0
         # per-instant bookkeeping
@@ -137,8 +147,12 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.s_reports = (rep_ix, ev.broker_upto)
         self.s_produce = (ev.produce_msg, ev.produce_size, *payload)
         self.s_pos = 0
-        # room for every message this chunk may settle: the records grow once, not by doubling copies
-        reserve_rows(self.recs, self.pend.n + len(ev.produce_ts))
+        # room for every message this chunk may settle and append: the records and the logs grow once, not by
+        # doubling copies (a copy and fresh pages each time)
+        self.room = room = self.pend.n + len(ev.produce_ts)
+        reserve_rows(self.recs, room)
+        for log in (self.lead_app, self.lead_cum, *self.epochs.get(self.epoch, (0,))[1:]):
+            reserve(log, room)
         until_key = key(until_us, 0)
         ci = 0
         while True:

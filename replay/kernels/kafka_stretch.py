@@ -43,6 +43,7 @@ class KafkaStretches:
         if self.tick_key < limit_key:
             ticks = (limit_key // 16 - self.tick_key // 16) // self.tick_period_us + 1
         due = hi - self.s_pos + shi
+        arrivals = int(np.count_nonzero(self.s_src[self.s_pos: hi] >= 0)) + shi  # new rows and appends, at most
         ldr, srv = self.leader, self._serving()
         li = self.ix[ldr] if ldr >= 0 else -1
         si = self.ix[srv] if srv >= 0 else -1
@@ -56,6 +57,9 @@ class KafkaStretches:
         new_epoch = srv >= 0 and epoch not in self.epochs
         if srv >= 0:
             ep_start, ep_app, ep_size = (int(self.log_len[si]), Grow(), Grow()) if new_epoch else self.epochs[epoch]
+            if new_epoch:  # room for the chunk's appends (`KafkaPartitionReplay.advance`)
+                reserve(ep_app, self.room)
+                reserve(ep_size, self.room)
         else:
             ep_start, ep_app, ep_size = 0, Grow(), Grow()
         cf = np.array([
@@ -73,7 +77,7 @@ class KafkaStretches:
             self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
             int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n,
             ep_app.n, self.pend.n, self.s_pos, self.tick_key]
-        reserve_rows(self.pend, due)
+        reserve_rows(self.pend, arrivals)
         c = self.pend.cols
         in_view = np.array([b in view for b in self.order], dtype=bool)
         in_isr = np.array([b in self.isr for b in self.order], dtype=bool)
@@ -89,8 +93,9 @@ class KafkaStretches:
                       self.sched_row, c["msg"], c["prod"], c["size"], c["dead"], c["state"], c["err"], c["anchor"],
                       c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"], c["pid"], c["part"], c["keyid"],
                       self.log_len, self.fetched, self.lcu, self.flushed_all, self.dur_d, self.dur_len, self.dur_n,
-                      ok_rep, in_isr, in_view, lead_runs, reserve(self.lead_app, due), reserve(self.lead_cum, due),
-                      reserve(ep_app, due), reserve(ep_size, due), rows, unav, extra, hw_ch)
+                      ok_rep, in_isr, in_view, lead_runs, reserve(self.lead_app, arrivals),
+                      reserve(self.lead_cum, arrivals), reserve(ep_app, arrivals), reserve(ep_size, arrivals), rows,
+                      unav, extra, hw_ch)
         # ----- the carried scalars and the growable arrays back
         self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
         if zombie:

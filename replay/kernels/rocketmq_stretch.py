@@ -94,6 +94,7 @@ class SteadySegments:
         if len(new):
             ts = self.s_key[new] // KEY
             self._new_rows(self.s_msg[new], ts, self.s_size[new], ts, {k: v[new] for k, v in self.s_pay.items()}, 0)
+        arrivals = len(new) + shi  # at most one append each
         c = self.pend.cols
         rule = self._steady_rule()
         ldr = rule.leader
@@ -103,6 +104,9 @@ class SteadySegments:
         new_epoch = epoch not in self.epochs
         ep_start, ep_app, ep_cum = ((int(self.log_len[li]), Grow(), Grow(np.zeros(1, dtype=np.int64))) if new_epoch
                                     else self.epochs[epoch])
+        if new_epoch:  # room for the chunk's appends (`GroupReplay.advance`)
+            reserve(ep_app, self.room)
+            reserve(ep_cum, self.room)
         cf = np.zeros(steady.N_CONSTANTS, dtype=np.int64)
         cf[[steady.F_S_HI, steady.F_SCHED_HI, steady.F_ROW0, steady.F_PEND_N, steady.F_LI, steady.F_LB,
             steady.F_SRV_OK, steady.F_L_OK, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
@@ -129,8 +133,8 @@ class SteadySegments:
             sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
             c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
             c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
-            alive, ctl, lead_runs, reserve(self.lead_app, due), reserve(self.lead_cum, due),
-            reserve(ep_app, due), reserve(ep_cum, due), np.empty(n, dtype=np.int64),
+            alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
+            reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
             w_rep, w_t, w_len, w_bytes, rows, unav)
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
