@@ -49,18 +49,6 @@ class MessageRecords:
     def __len__(self) -> int:
         return len(self.msg_id)
 
-    @classmethod
-    def concat(cls, parts: list[MessageRecords]) -> MessageRecords:
-        parts = [p for p in parts if len(p) or len(p.extra_positions)]
-        if not parts:
-            return cls.empty()
-        names = ("msg_id", "produce_us", "status", "error", "ack_us", "visible_us", "pos_epoch", "pos_offset")
-        out = cls(*(np.concatenate([getattr(p, n) for p in parts]) for n in names))
-        out.extra_positions = np.concatenate([p.extra_positions for p in parts])
-        if all(p.payload is not None for p in parts):
-            out.payload = {k: np.concatenate([p.payload[k] for p in parts]) for k in parts[0].payload}
-        return out
-
     def sorted_by_msg_id(self) -> MessageRecords:
         if np.all(self.msg_id[1:] >= self.msg_id[:-1]):  # usual: settled in produce order, msg_ids in time order
             return self

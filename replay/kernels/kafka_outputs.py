@@ -56,9 +56,6 @@ class KafkaOutputs:
             self.timeline.end_instant(self._state_row(self.cur_t), *self._avail())
             self.cur_t = t
 
-    def _hand_over(self, settled: np.ndarray) -> np.ndarray:
-        return hand_over_settled(self.pend, self.recs, settled, PAYLOAD, _ACKED, _FAILED)
-
     # =================================================================================== deadlines
     def _resolve_deadlines(self, t: int) -> None:
         """Messages whose delivery deadline passed (before t) fail; the error reflects the state then."""
@@ -92,7 +89,7 @@ class KafkaOutputs:
         settled, count = settled_mask(self.pend, self.runs, pinned, _ACKED, _FAILED)
         if count < n // 2:
             return
-        remap = self._hand_over(settled)
+        remap = hand_over_settled(self.pend, self.recs, settled, PAYLOAD, _ACKED, _FAILED)
         if len(self.sched_row):
             self.sched_row = remap[self.sched_row]
             ok = self.sched_row >= 0
