@@ -193,9 +193,17 @@ def test_a_big_frame_is_written_by_its_tasks_with_no_compaction_after(spark, tmp
 
 
 def test_rows_of_another_run_are_refused(spark, tmp_path):
+    """On a new table (its first write appends, `Lakehouse.replace_rows`) and on one with rows (replaceWhere)."""
     lh = Lakehouse(tmp_path / "lh", spark, create=False)
+    b_rows = spark.createDataFrame(make_run("b", 1).states)
     with pytest.raises(Exception, match=r"(?i)replaceWhere|DELTA_REPLACE_WHERE"):
-        lh.replace_run("partition_states", "a", spark.createDataFrame(make_run("b", 1).states))
+        lh.replace_run("partition_states", "a", b_rows)
+    assert lh.version("partition_states") == 0  # created, nothing committed
+    lh.replace_run("partition_states", "a", spark.createDataFrame(make_run("a", 1).states))
+    with pytest.raises(Exception, match=r"(?i)replaceWhere|DELTA_REPLACE_WHERE"):
+        lh.replace_run("partition_states", "a", b_rows)
+    assert lh.version("partition_states") == 1
+    assert {r.run_id for r in lh.read("partition_states").select("run_id").distinct().collect()} == {"a"}
 
 
 def test_schema_is_never_inferred(spark, tmp_path):
