@@ -3,7 +3,8 @@
 - Tables are created with their declared schema, partitioning and properties (never inferred), and read by any
   Delta reader (delta-spark, delta-rs).
 - `replace_run` replaces exactly the given runs' rows of one table in ONE Delta commit (overwrite with
-  `replaceWhere run_id IN (...)`): a re-run never duplicates, and a crash mid-write leaves the previous version
+  `replaceWhere run_id IN (...)`; the first write of a table this object created appends, held to the same keys:
+  there is nothing to replace): a re-run never duplicates, and a crash mid-write leaves the previous version
   (Delta commits are atomic). Commits that lose a race against another writer (Delta's retryable
   concurrent-modification conflicts) are retried with backoff, so replays of different policies writing at
   the same time both land.
