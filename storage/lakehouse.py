@@ -260,15 +260,16 @@ class Lakehouse:
         predicate = in_predicate(key_column, key_values)
         data = _few_files(self.conform(table, df))
         path = self.path(table)
-        if self._still_empty(table):
-            outside = (f"DELTA_REPLACE_WHERE_MISMATCH: a row written to {table} is outside its replaceWhere "
-                       f"condition {predicate[:200]}")
-            held = data.where(F.when(F.expr(predicate), F.lit(True)).otherwise(F.raise_error(F.lit(outside))))
+        outside = (f"DELTA_REPLACE_WHERE_MISMATCH: a row written to {table} is outside its replaceWhere condition "
+                   f"{predicate[:200]}")
+        held = data.where(F.when(F.expr(predicate), F.lit(True)).otherwise(F.raise_error(F.lit(outside))))
 
-            def write() -> None:
+        def write() -> None:
+            # Asked at each attempt: a retry after any commit (another writer's, or this one's if it raised after
+            # committing) replaces, which is idempotent, where a second append would duplicate.
+            if self._still_empty(table):
                 held.write.format("delta").mode("append").save(path)
-        else:
-            def write() -> None:
+            else:
                 (data.write.format("delta").mode("overwrite").option("replaceWhere", predicate)
                  .save(path))
 

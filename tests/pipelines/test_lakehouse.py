@@ -206,6 +206,30 @@ def test_rows_of_another_run_are_refused(spark, tmp_path):
     assert {r.run_id for r in lh.read("partition_states").select("run_id").distinct().collect()} == {"a"}
 
 
+def test_a_first_write_retried_after_its_commit_does_not_duplicate(spark, tmp_path, monkeypatch):
+    """The first write of a new table appends; a retry after that append committed (an error raised after the
+    commit) replaces the run's rows instead of appending them twice."""
+    from pyspark.sql.readwriter import DataFrameWriter
+
+    import storage.lakehouse as lakehouse_module
+
+    lh = Lakehouse(tmp_path / "lh", spark, create=False)
+    states = spark.createDataFrame(make_run("a", 1).states)
+    real_save, calls = DataFrameWriter.save, []
+
+    def save_then_fail_once(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("lost after the commit")
+
+    monkeypatch.setattr(DataFrameWriter, "save", save_then_fail_once)
+    monkeypatch.setattr(lakehouse_module, "_retryable", lambda exc, creating=False: "lost after" in str(exc))
+    lh.replace_run("partition_states", "a", states)
+    assert len(calls) == 2 and lh.version("partition_states") == 2  # the append, then the replaceWhere
+    assert lh.read("partition_states").count() == states.count()
+
+
 def test_schema_is_never_inferred(spark, tmp_path):
     lh = Lakehouse(tmp_path / "lh", spark, create=False)
     states = spark.createDataFrame(make_run("a", 1).states)
