@@ -58,6 +58,14 @@ def _running_on_cluster_session() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+#: Spark keeps the classes it generates for projections and stages in a cache of 100 by default. A replay's
+#: tail, gates and MLflow views generate about 480 (each new query shape its own), so in a session that stays up
+#: (a notebook, the test suite, a sweep) every replay compiled them all again: 481 Janino compilations per
+#: three-message replay, 2.3-4.8 s of compilation and about a fifth of the driver JVM's CPU. Held, a later replay
+#: compiles none (bench/HISTORY.md, 2026-11-27). A generated class is a few kB; a static conf (session start).
+_CODEGEN_CONF = {"spark.sql.codegen.cache.maxEntries": "4096"}
+
+
 def get_spark(
     app_name: str = "replab",
     *,
@@ -108,6 +116,7 @@ def get_spark(
         # and a replay reconstructs about 30 snapshots: one task each measured ~4 s faster per replay than two.
         "spark.databricks.delta.snapshotPartitions": "1",
         "spark.databricks.delta.optimizeWrite.enabled": "false",
+        **_CODEGEN_CONF,
         "spark.sql.warehouse.dir": os.environ.get("REPLAB_WAREHOUSE_DIR", str(Path.cwd() / "spark-warehouse")),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}",
     }
@@ -131,9 +140,11 @@ def get_spark(
 #: Settings a session started by spark-submit gets unless the submitter chose otherwise (`--conf` wins): Delta's
 #: extension and catalog (static SQL confs, so they must be set before the first session exists; the jars
 #: themselves come from --packages/--jars), and the settings replab's outputs depend on (UTC timestamps, Arrow
-#: for the kernels' mapInArrow, RocksDB for stream mode). Memory, master and parallelism belong to the submitter.
+#: for the kernels' mapInArrow, RocksDB for stream mode), and the codegen cache's size (another static conf).
+#: Memory, master and parallelism belong to the submitter.
 _CLUSTER_DEFAULTS = {
     **_DELTA_CONF,
+    **_CODEGEN_CONF,
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.pythonUDF.arrow.enabled": "true",

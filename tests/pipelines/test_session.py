@@ -26,6 +26,24 @@ def test_local_settings(spark):
     assert int(spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch").rstrip("b")) == 2**31 - 1
 
 
+def test_a_query_run_again_compiles_nothing_beyond_the_default_cache(spark):
+    """More query shapes than Spark's default codegen cache holds (100 classes): a replay has about 480, so with
+    the default every replay in a session that stays up compiled them all again (storage.session._CODEGEN_CONF)."""
+    metric = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def compiled_by(action) -> int:
+        before = metric.getCount()
+        action()
+        return metric.getCount() - before
+
+    def shapes() -> None:  # the literals are compiled into the code: each i is a class of its own
+        for i in range(60):
+            spark.range(3).selectExpr(f"id * {i} + {i} AS x").where(f"x > {i}").collect()
+
+    assert compiled_by(shapes) > 100
+    assert compiled_by(shapes) == 0
+
+
 def test_every_table_schema_parses(spark):
     for spec in TABLES.values():
         schema = spec.spark_schema()
