@@ -35,6 +35,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
                                                                "--cluster-seeds", "6"]),
     # Issue 15: `replab replay` of a 3-message trace (new and existing lakehouse) against a bare Spark session.
     "fixed-cost": ("bench.fixed_cost_bench", ["--repeat", "2"], []),
+    # Where the driver JVM's CPU goes in that replay in a session that stays up (Java Flight Recorder's samples).
+    "jvm-profile": ("bench.jvm_profile", ["--out", str(RESULTS / "warm-replay-jvm-profile.md")], ["--replays", "2"]),
     # Issue 15's trace gate and tail against the replay core, step by step from the Spark event log: the demo's
     # replay (16 presets, MLflow on), 1 M events x 16 presets, and one policy at 10 M events.
     "profile-demo": ("bench.replay_profile", [], ["--scale", "0.05"]),

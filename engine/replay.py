@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from engine.tracking import ReplayTracker
     from replay.events import PartitionEvents
-    from storage.lakehouse import Lakehouse
+    from storage.lakehouse import HeldTables, Lakehouse
 
 
 log = logging.getLogger(__name__)
@@ -339,10 +339,11 @@ def start_tracker(request: ReplayRequest, manifest, runs: Sequence[PolicyRun], m
                                         runs, mode=mode, figures=request.figures, labels=request.labels)
 
 
-def finish_tracker(tracker: ReplayTracker | None, report: ReplayReport, lakehouse: Lakehouse,
+def finish_tracker(tracker: ReplayTracker | None, report: ReplayReport, lakehouse: Lakehouse | HeldTables,
                    request: ReplayRequest, trace_dir: str | Path, gate_reports: Sequence[str | Path | None],
                    step: Callable[[str], None]) -> None:
-    """Log the results to the MLflow runs, end them FINISHED and note them in the report."""
+    """Log the results to the MLflow runs, end them FINISHED and note them in the report. `lakehouse`: where the
+    runs' tables are read (`HeldTables` while the replay still holds them)."""
     if tracker is None:
         return
     step("MLflow")
@@ -361,7 +362,7 @@ def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
 
 def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     """The whole replay of one trace under every policy of the request (batch mode)."""
-    from engine.publish import ReplayResults, publish
+    from engine.publish import ReplayResults, publishing
     from expectations import invariants
     from expectations.trace_gate import run_trace_gate
     from storage.lakehouse import Lakehouse
@@ -396,13 +397,15 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             step("windows and summary")
             checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
                                        frames.control)
-            summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id,
-                                window_ms=request.window_ms, extra_checks=checks, progress=step)
+            with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
+                            extra_checks=checks, progress=step) as published:
+                report = ReplayReport(manifest.trace_id, runs, published.summaries, str(lakehouse.root),
+                                      gate.quarantined,
+                                      trace_gate_report=str(gate.report_html) if gate.report_html else None)
+                finish_tracker(tracker, report, published.tables, request, tf.root,
+                               [gate.report_html, gate.report_json], step)
         finally:
             frames.release()
-        report = ReplayReport(manifest.trace_id, runs, summaries, str(lakehouse.root), gate.quarantined,
-                              trace_gate_report=str(gate.report_html) if gate.report_html else None)
-        finish_tracker(tracker, report, lakehouse, request, tf.root, [gate.report_html, gate.report_json], step)
     except BaseException as exc:
         if tracker is not None:
             tracker.fail(exc)  # no MLflow run stays RUNNING after a failed replay

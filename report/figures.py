@@ -13,14 +13,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from engine.plan import PolicyRun
-    from storage.lakehouse import Lakehouse
+    from storage.lakehouse import HeldTables, Lakehouse
 
 #: The plots of each run, by artifact name.
 RUN_PLOTS = ("plots/latency_cdf.png", "plots/loss_timeline.png", "plots/partition_timeline.png")
 
 
-def run_figures(runs: Sequence[PolicyRun], lakehouse: Lakehouse, series: pd.DataFrame, quantiles: pd.DataFrame,
-                window_us: int, duration_us: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+def run_figures(runs: Sequence[PolicyRun], lakehouse: Lakehouse | HeldTables, series: pd.DataFrame,
+                quantiles: pd.DataFrame, window_us: int, duration_us: int) -> Iterator[tuple[str, dict[str, bytes]]]:
     """(run_id, {artifact name: PNG bytes}) of each run: latency CDF, loss timeline and the busiest partitions'
     timeline. The timelines of every run come from two Spark queries (two per run took ~6 Spark jobs each:
     most of the demo's MLflow logging); the plots are drawn on every core (`report.render`), whose workers start

@@ -397,6 +397,26 @@ class Lakehouse:
             txn.succeed()
 
 
+class HeldTables:
+    """Reads a lakehouse as `Lakehouse.read` does, but answers from the DataFrames its caller still holds for some
+    tables: the rows of the runs it has just written (persisted), read without Delta's snapshot and file listing
+    (2-4 Spark jobs per read of a table just written). Ask it about those runs only; every other table is read
+    from the lakehouse."""
+
+    def __init__(self, lakehouse: Lakehouse, frames: Mapping[str, Any]) -> None:
+        self.lakehouse = lakehouse
+        self.frames = dict(frames)
+
+    @property
+    def root(self) -> Path:
+        return self.lakehouse.root
+
+    def read(self, table: str, *, succeeded_only: bool = False):
+        if table in self.frames and not succeeded_only:
+            return self.lakehouse.conform(table, self.frames[table])
+        return self.lakehouse.read(table, succeeded_only=succeeded_only)
+
+
 def in_threads(actions: Sequence[Callable[[], Any]], workers: int = 4,
                done: Callable[[int], None] | None = None) -> None:
     """Run Spark/Delta actions from several driver threads (Spark schedules concurrent jobs); the first error

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -312,8 +313,10 @@ def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, referen
 
 
 def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
-    """engine.publish: what a replay job calls with its outcomes, timelines and intervals."""
-    from engine.publish import ReplayResults, publish
+    """engine.publish: what a replay job calls with its outcomes, timelines and intervals. Inside `publishing`'s
+    block MLflow's views of the runs come from the persisted frames, and equal those read back from Delta."""
+    from engine.publish import ReplayResults, publishing
+    from storage import report_data
 
     runs = [make_run("p1", 1, n_messages=80), make_run("p2", 2, n_messages=80)]
     outcomes = spark.createDataFrame(pa.concat_tables([r.outcomes for r in runs]))
@@ -323,11 +326,30 @@ def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
         spark.createDataFrame(pa.concat_tables([r.states for r in runs])),
         spark.createDataFrame(pa.concat_tables([r.unavailability for r in runs])), events)
     lh = Lakehouse(tmp_path / "lh", spark, create=False)
-    summaries = publish(spark, lh, results, trace_id="synthetic-trace", window_ms=500)
-    assert [s["run_id"] for s in summaries] == ["p1", "p2"] and all(s["produced"] == 80 for s in summaries)
-    assert lh.succeeded_run_ids() == ["p1", "p2"]
-    for name in RUN_TABLES:
-        assert {r.run_id for r in lh.read(name).select("run_id").distinct().collect()} == {"p1", "p2"}, name
-    gate = lh.read("validations").where("suite = 'output_gate'").collect()
-    assert sorted((v.run_id, v.success) for v in gate) == [("p1", True), ("p2", True)]
-    assert lh.read("loss_metrics").where("run_id = 'p1'").count() == 3 * (20_000_000 // 500_000 + 1)
+    ids = ["p1", "p2"]
+    with publishing(spark, lh, results, trace_id="synthetic-trace", window_ms=500) as published:
+        summaries = published.summaries
+        assert [s["run_id"] for s in summaries] == ids and all(s["produced"] == 80 for s in summaries)
+        assert lh.succeeded_run_ids() == ids
+        for name in RUN_TABLES:
+            assert {r.run_id for r in lh.read(name).select("run_id").distinct().collect()} == set(ids), name
+        gate = lh.read("validations").where("suite = 'output_gate'").collect()
+        assert sorted((v.run_id, v.success) for v in gate) == [("p1", True), ("p2", True)]
+        assert lh.read("loss_metrics").where("run_id = 'p1'").count() == 3 * (20_000_000 // 500_000 + 1)
+
+        held = published.tables
+        assert held.root == lh.root
+        plan = held.read("loss_metrics")._jdf.queryExecution().executedPlan().toString()
+        assert "InMemoryTableScan" in plan and "delta" not in plan.lower()
+        views = {
+            "series": (report_data.window_series(held, ids, 500_000), report_data.window_series(lh, ids, 500_000)),
+            "quantiles": (report_data.latency_quantiles(held, ids), report_data.latency_quantiles(lh, ids)),
+            "histories": tuple(report_data.partition_histories(source, report_data.busiest_partitions_of(source, ids),
+                                                               20_000_000) for source in (held, lh)),
+        }
+        for name, (mine, theirs) in views.items():
+            assert len(mine) > 0, name
+            pd.testing.assert_frame_equal(mine.sort_values(list(mine.columns)).reset_index(drop=True),
+                                          theirs.sort_values(list(theirs.columns)).reset_index(drop=True),
+                                          check_dtype=False, obj=name)
+    assert not held.frames["loss_metrics"].storageLevel.useMemory  # released with the block
