@@ -102,7 +102,7 @@ def publishing(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id:
                extra_checks: Sequence[NamedCheck] = (),
                progress: Callable[[str], None] | None = None) -> Iterator[Published]:
     """`publish`, then the run tables stay persisted for the caller's block: the MLflow runs' series, quantiles
-    and plots read them there, not from the Delta tables just written (whose reads cost 12 of a three-message
+    and plots read them there, not from the Delta tables just written (those reads were 12 of a three-message
     replay's 102 Spark jobs)."""
     from pyspark.sql import functions as F
 

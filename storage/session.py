@@ -61,7 +61,7 @@ def _running_on_cluster_session() -> bool:
 #: Spark keeps the classes it generates for projections and stages in a cache of 100 by default. A replay's
 #: tail, gates and MLflow views generate about 480 (each new query shape its own), so in a session that stays up
 #: (a notebook, the test suite, a sweep) every replay compiled them all again: 481 Janino compilations per
-#: three-message replay, 2.3-4.8 s of compilation and about a fifth of the driver JVM's CPU. Held, a later replay
+#: three-message replay, 2.3-4.8 s of compilation and 27 % of the driver JVM's samples. Held, a later replay
 #: compiles none (bench/HISTORY.md, 2026-11-27). A generated class is a few kB; a static conf (session start).
 _CODEGEN_CONF = {"spark.sql.codegen.cache.maxEntries": "4096"}
 
