@@ -78,7 +78,7 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
 
 
 @dataclass
-class Published:
+class Publication:
     """What `publishing` hands its caller's block."""
 
     #: The run_summary rows (dicts, in `records` order).
@@ -100,7 +100,7 @@ def publish(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: st
 @contextmanager
 def publishing(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id: str, window_ms: int = 1000,
                extra_checks: Sequence[NamedCheck] = (),
-               progress: Callable[[str], None] | None = None) -> Iterator[Published]:
+               progress: Callable[[str], None] | None = None) -> Iterator[Publication]:
     """`publish`, then the run tables stay persisted for the caller's block: the MLflow runs' series, quantiles
     and plots read them there, not from the Delta tables just written (those reads were 12 of a three-message
     replay's 102 Spark jobs)."""
@@ -123,7 +123,7 @@ def publishing(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id:
 
             lakehouse.publish_runs(results.records, tables, gate=gate)
             summaries = {r.run_id: r.asDict() for r in tables["run_summary"].collect()}
-            yield Published([summaries[run_id] for run_id in run_ids], HeldTables(lakehouse, tables))
+            yield Publication([summaries[run_id] for run_id in run_ids], HeldTables(lakehouse, tables))
         finally:
             for df in [*tables.values(), *([results.windows] if results.windows is not None else [])]:
                 df.unpersist()
