@@ -33,9 +33,9 @@ Spark's checkpoint (offsets, commits, RocksDB state) lives in `<checkpoint>/quer
 `txnAppId`/`txnVersion` (app id: this checkpoint's uid and the table; version: the batch id), so a batch that runs
 again after a crash writes nothing twice. In the final micro-batch each group replaces its file of
 `<checkpoint>/final` (the kernels' last rows), and the sink records `final_written` in `<checkpoint>/stream.json`;
-publishing replaces the runs' rows (idempotent) and records `published`. A restart resumes the query, or
-publishes, or only reports, by those two marks. The kernels and the processor are deterministic, so a micro-batch
-recomputed from the checkpointed state gives the same rows.
+publishing replaces the runs' rows (idempotent), logs the MLflow runs and then records `published`. A restart
+resumes the query, or publishes, or only reports, by those two marks. The kernels and the processor are
+deterministic, so a micro-batch recomputed from the checkpointed state gives the same rows.
 
 Assumptions (where a stream cannot know what the batch job reads from the whole trace)
 -------------------------------------------------------------------------------------
@@ -59,7 +59,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,7 @@ if TYPE_CHECKING:
 
     from engine.plan import PolicyRun
     from schemas.trace import TraceFiles
-    from storage.lakehouse import Lakehouse
+    from storage.lakehouse import HeldTables, Lakehouse
 
 log = logging.getLogger(__name__)
 
@@ -376,13 +377,18 @@ class Published:
     summaries: list[dict[str, Any]]
     quarantined: int
     gate_report: str | None
+    #: The run tables just written, still persisted (engine.publish.publishing): MLflow's views read them.
+    tables: HeldTables
 
 
+@contextmanager
 def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: StreamCheckpoint, live: bool,
-                  tracker=None, progress: Callable[[str], None] | None = None) -> Published:
-    """The final tables from the kernels' rows of the last micro-batch, with the batch job's `publish` (windows,
-    summary, output gate, replaceWhere per run) and the stream's own watermarks rows."""
-    from engine.publish import ReplayResults, publish
+                  tracker=None, progress: Callable[[str], None] | None = None) -> Iterator[Published]:
+    """The final tables from the kernels' rows of the last micro-batch, with the batch job's `publishing` (windows,
+    summary, output gate, replaceWhere per run) and the stream's own watermarks rows. The caller's block logs the
+    MLflow runs from the tables still held; the checkpoint says `published` once the block is done (a crash in it
+    publishes and logs again on the next run, both idempotent)."""
+    from engine.publish import ReplayResults, publishing
     from expectations import invariants
     from schemas.tables import TABLES
     from storage.lakehouse import in_predicate
@@ -414,13 +420,13 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
                                 intervals, events, watermarks=watermarks, windows=frames.windows,
                                 histograms=frames.histograms)
         checks = invariants.checks(spark, runs, msgs, states, control_timeline(events))
-        summaries = publish(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
-                            extra_checks=checks, progress=progress)
+        with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
+                        extra_checks=checks, progress=progress) as publication:
+            yield Published(publication.summaries, quarantined, gate_report, publication.tables)
     finally:
         events.unpersist()
     ck.published = True
     ck.save()
-    return Published(summaries, quarantined, gate_report)
 
 
 def _gate_live_trace(spark, lakehouse, tf, run_ids: list[str]):
@@ -514,14 +520,14 @@ def run_stream_replay(spark, request: ReplayRequest, *, progress=None,
         _run_query(spark, tf, plan, ck, request, step, live, files_per_trigger, live_trigger_seconds, runs,
                    lakehouse, tracker, resumed)
     try:
-        done = publish_final(spark, lakehouse, tf, runs, request, ck, live, tracker, step)
+        with publish_final(spark, lakehouse, tf, runs, request, ck, live, tracker, step) as done:
+            report = ReplayReport(manifest.trace_id, runs, done.summaries, str(lakehouse.root), done.quarantined,
+                                  trace_gate_report=done.gate_report)
+            finish_tracker(tracker, report, done.tables, request, tf.root, [done.gate_report], step)
     except Exception as exc:
         if tracker is not None:
-            tracker.fail(exc)
+            tracker.fail(exc)  # a no-op after finish's own failure has failed the runs
         raise
-    report = ReplayReport(manifest.trace_id, runs, done.summaries, str(lakehouse.root), done.quarantined,
-                          trace_gate_report=done.gate_report)
-    finish_tracker(tracker, report, lakehouse, request, tf.root, [done.gate_report], step)
     write_summary_json(request, report)
     return report
 

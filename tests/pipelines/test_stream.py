@@ -469,10 +469,13 @@ RUN_TABLES = ("message_outcomes", "partition_states", "unavailability", "committ
 def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(spark, late_trace, tmp_path, killed):
     """SIGKILL after micro-batch 1, restart from the checkpoint: every run table equals batch mode on the trace
     without the late rows; the late rows are counted once per run and quarantined once, with their reason."""
+    from mlflow.tracking import MlflowClient
     from pyspark.sql import functions as F
 
     from engine.stream.query import LATE_RULE, run_stream_replay
+    from engine.tracking import SERIES_ACKED_LOST
     from expectations.trace_gate import SUITE as TRACE_SUITE
+    from report.figures import RUN_PLOTS, run_figures
     from storage.lakehouse import Lakehouse, in_predicate
 
     specs = ["kafka-durable", "dledger-3"]
@@ -488,12 +491,15 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
         assert not json.loads((checkpoint / "stream.json").read_text())["published"]  # killed mid-way
 
     steps: list[str] = []
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     report = run_stream_replay(spark, ReplayRequest(
-        trace=str(late_trace.trace), policies=policies, lakehouse=str(lakehouse), mode="stream", mlflow=False,
-        checkpoint=str(checkpoint), allowed_lateness_ms=late_trace.lateness_ms), progress=steps.append)
-    # Publishing reports its steps, in order, after the stream's last micro-batch
-    published = [s for s in steps if s in ("windows, output gate, Delta tables", "output gate", "Delta tables")]
-    assert published == ["windows, output gate, Delta tables", "output gate", "Delta tables"], steps
+        trace=str(late_trace.trace), policies=policies, lakehouse=str(lakehouse), mode="stream",
+        tracking_uri=tracking_uri, figures=run_figures, checkpoint=str(checkpoint),
+        allowed_lateness_ms=late_trace.lateness_ms), progress=steps.append)
+    # Publishing reports its steps, in order, after the stream's last micro-batch; MLflow's logging after them
+    published = [s for s in steps if s in ("windows, output gate, Delta tables", "output gate", "Delta tables",
+                                           "MLflow")]
+    assert published == ["windows, output gate, Delta tables", "output gate", "Delta tables", "MLflow"], steps
     assert steps.index(published[0]) > max(i for i, s in enumerate(steps) if s.startswith("micro-batch"))
     run_ids = [r.run_id for r in report.runs]
     duration_us = read_events_arrow(late_trace.trace)[0].duration_us
@@ -520,6 +526,22 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
         (run_id, str(late_trace.late_file), row) for run_id in run_ids for row in late_trace.late_rows)
     raw = {(r["run_id"], r["row"]): json.loads(r["raw"]) for r in late}
     assert [raw[(run_ids[0], row)] for row in late_trace.late_rows] == late_trace.late_raw
+
+    # The MLflow runs, logged from the tables publishing still held (engine.publish.publishing): their summary and
+    # per-window series agree with what the Delta tables hold, and each has its plots.
+    client = MlflowClient(tracking_uri)
+    summaries = {r["run_id"]: r for r in lh.read("run_summary").where(mine).collect()}
+    windows = lh.read("loss_metrics").where(mine).groupBy("run_id", "window_start_us").agg(
+        F.sum("acked_lost").alias("lost")).collect()
+    for run_id in run_ids:
+        run = client.get_run(report.mlflow[run_id])
+        assert (run.info.status, run.data.tags["replab.mode"]) == ("FINISHED", "stream")
+        assert run.data.metrics["acked_lost"] == summaries[run_id]["acked_lost"]
+        series = {m.step: m.value for m in client.get_metric_history(run.info.run_id, SERIES_ACKED_LOST)}
+        mine_windows = [w for w in windows if w["run_id"] == run_id]
+        assert len(series) == len(mine_windows) > 1
+        assert sum(series.values()) == sum(w["lost"] for w in mine_windows) == summaries[run_id]["acked_lost"]
+        assert {f.path for f in client.list_artifacts(run.info.run_id, "plots")} == set(RUN_PLOTS)
 
 
 @pytest.mark.slow  # generator and replay racing on 2 cores: minutes; the fast end-to-end case is the one above
