@@ -9,8 +9,9 @@ kafka-acks1, MLflow on, each replay into a new lakehouse) `--replays` times in o
 Recorder sampling the driver JVM (`JAVA_TOOL_OPTIONS`; local mode: the executors' task threads are in that JVM).
 For each replay: wall seconds, CPU seconds of the JVM and of this Python driver, and how many classes Spark's code
 generation compiled (its CodegenMetrics). The JVM's execution samples of the later replays (the first pays the
-cold JVM) are put in categories by the frames on their stack, first match wins (CATEGORIES): what a replay's 100
-small Spark jobs cost beyond their data.
+cold JVM) are put in categories by the frames on their stack, first match wins (CATEGORIES): what a replay's 90
+small Spark jobs cost beyond their data. JFR prints times of day only: a run across midnight loses the samples
+after it.
 """
 
 from __future__ import annotations
