@@ -106,23 +106,30 @@ def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key:
     return keys[order], is_tr, np.where(is_tr, order + s_pos, 0), np.where(is_tr, 0, order - ntr), shi
 
 
-def compiled(fn=None, *, inline: bool = False):
+def compiled(fn=None, *, inline: bool = False, counted: bool = True):
     """numba's `njit` with its on-disk cache (NUMBA_CACHE_DIR), or without it where numba cannot cache: code
     imported from a zip (spark-submit --py-files) has no cache locator, so it is compiled in each process.
 
     `inline=True` for a helper the compiled loops call per event: numba then copies its body into each caller.
     A call passes every array argument as a struct of fields and counts references to it (NRT incref/decref):
     inlining the loops' helpers took 5-16 % off the CPU of the presets with a compiled loop on the steady trace.
-    The helper stays callable from Python."""
+    The helper stays callable from Python.
+
+    `counted=False` for a per-event loop that allocates nothing (its buffers come from the caller): it is compiled
+    without numba's reference counting (the `_nrt=False` flag). An inlined helper still binds its array arguments
+    to new variables, and each binding is an atomic increment and decrement of the array's count that LLVM's
+    pruning does not remove where the helper branches: in the steady loops those were 20-25 % of the kernels'
+    CPU (perf, 2026-11-27: one `lock incq`/`lock decq` pair per array per helper per event). Such a loop cannot
+    allocate an array (numba refuses to compile it) and must not keep one it was given beyond the call."""
     if fn is None:
-        return lambda f: compiled(f, inline=inline)
+        return lambda f: compiled(f, inline=inline, counted=counted)
     import numba
 
-    how = "always" if inline else "never"
+    options = {"inline": "always" if inline else "never", **({} if counted else {"_nrt": False})}
     try:
-        return numba.njit(cache=True, inline=how)(fn)
+        return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
-        return numba.njit(cache=False, inline=how)(fn)
+        return numba.njit(cache=False, **options)(fn)
 
 
 def reserve(grow: Grow, k: int) -> np.ndarray:

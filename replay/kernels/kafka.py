@@ -112,7 +112,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.last_leader = self.order[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: dict | None = None
         self.heap: list[tuple[int, int, str, int]] = []
-        self.scratch = tuple(np.empty((0, w), dtype=np.int64) for w in (3, 2, 3, 2))  # `steady`'s outputs
+        self._new_scratch()
         self.handlers = {"fence": self._on_fence, "switch": self._on_switch, "refresh": self._on_refresh}
         self.seq = 0
         # Rule 6: ISR check ticks from time 0, kept apart from the heap: the compiled loop passes the idle ones
@@ -131,6 +131,21 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.finished = False
 
     # =========================================================================================== API
+    def _new_scratch(self) -> None:
+        """`steady`'s output buffers and its offset -> pending row map: kept across stretches (fresh large arrays
+        cost a page fault per 4 KiB), not part of the replay's state."""
+        self.scratch = tuple(np.empty((0, w), dtype=np.int64) for w in (3, 2, 3, 2))
+        self.orow = Grow()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["scratch"], state["orow"]  # stream snapshots stay small
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._new_scratch()
+
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
         ev = events

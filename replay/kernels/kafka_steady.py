@@ -104,7 +104,7 @@ def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expir
     dur_n[i] = n + 1
 
 
-@compiled
+@compiled(counted=False)
 def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing, in_isr, in_view, log_len, fetched,
               lcu, state, dead, req, po, pend_n):
     """Whether the ISR check tick at t would change nothing: `KafkaControl._on_tick` (rule 6, then rule 4's
@@ -135,14 +135,16 @@ def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing
     return True
 
 
-@compiled
+@compiled(counted=False)
 def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_keyid, sched_key, sched_row,
            msg, prod, size, dead, state, err, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
            log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
-           lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out):
+           lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out, orow):
     """Apply the due stream events of one steady stretch (see the module docstring). Returns nothing: the
     carried scalars are in `sc`, outputs in the *_out buffers with their counts in `sc`. The stream is (s_key,
-    s_src) of `kafka_stream.merge_stream`: s_src points into the reports' (b_) or the produce events' (p_) columns."""
+    s_src) of `kafka_stream.merge_stream`: s_src points into the reports' (b_) or the produce events' (p_) columns.
+    `orow` is scratch of at least one slot per entry of the leader's log from the high watermark up, per due event,
+    plus one."""
     hw, zhw, zstall, cur_t = sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T]
     lead_n, cum_n, ep_n, pend_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N]
     i_s, i_r = sc[S_POS], sc[S_SCHED_POS]
@@ -162,7 +164,10 @@ def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_
     takes = srv_ok and (not refusing or acks == _ZERO)
     # offset -> pending row, for the leader's log from the high watermark up (rules 4, 12)
     base = min(hw, log_len[li]) if li >= 0 else 0  # a leader may hold less than the high watermark (rule 9)
-    orow = np.full((log_len[li] - base if li >= 0 else 0) + (s_hi - i_s) + (r_hi - i_r) + 1, -1, dtype=np.int64)
+    room = (log_len[li] - base if li >= 0 else 0) + (s_hi - i_s) + (r_hi - i_r) + 1
+    if len(orow) < room:
+        raise ValueError("steady: orow holds fewer slots than the leader's unsettled log and the due events")
+    orow[:room] = -1
     if li >= 0:
         for r in range(pend_n):
             o = po[r]

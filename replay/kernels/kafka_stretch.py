@@ -87,6 +87,8 @@ class KafkaStretches:
             cap = max(2 * len(self.scratch[0]), due + ticks + 1)
             self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (3, 2, 3, 2))
         rows, unav, extra, hw_ch = self.scratch
+        unsettled = int(self.log_len[li]) - min(self.hw, int(self.log_len[li])) if li >= 0 else 0
+        orow = reserve(self.orow, unsettled + due + 1)  # offset -> pending row, scratch of the loop
         grow_from = self.log_len.copy()
         old_hw = self.hw
         steady.steady(sc, cf, self.s_key, self.s_src, *self.s_reports, *self.s_produce, self.sched_key,
@@ -95,7 +97,7 @@ class KafkaStretches:
                       self.log_len, self.fetched, self.lcu, self.flushed_all, self.dur_d, self.dur_len, self.dur_n,
                       ok_rep, in_isr, in_view, lead_runs, reserve(self.lead_app, arrivals),
                       reserve(self.lead_cum, arrivals), reserve(ep_app, arrivals), reserve(ep_size, arrivals), rows,
-                      unav, extra, hw_ch)
+                      unav, extra, hw_ch, orow)
         # ----- the carried scalars and the growable arrays back
         self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
         if zombie:

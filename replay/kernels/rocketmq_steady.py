@@ -139,17 +139,18 @@ def _steady_loop(rule: int):
     cache by the closure's values), so the other rules' branches are no code at all. Read at run time, the
     controller's branch alone cost the other families' loops 15-27 %."""
 
-    @compiled
+    @compiled(counted=False)
     def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                      size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
                      log_len, nbytes, fetched, lcu, alive, ctl, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
-                     w_rep, w_t, w_len, w_bytes, row_out, unav_out):
+                     w_rep, w_t, w_len, w_bytes, row_out, unav_out, orow):
         """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], cf[F_S_HI]) and
         scheduled arrivals [sc[S_SCHED_POS], cf[F_SCHED_HI]), merged. Produce events already have rows from
         cf[F_ROW0] on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
         confirm offset (sc[S_EXPAND] = its index; the caller adds it, as `ControllerReference._progress` does, and
         goes on). Returns nothing: the carried scalars are in `sc`, outputs in the *_out / w_* buffers with their
-        counts in `sc`."""
+        counts in `sc`. `orow` is scratch of at least one slot per entry of the leader's log from the commit point
+        up, per due event, plus one."""
         cur_t, commit, hw = sc[S_CUR_T], sc[S_COMMIT], sc[S_HW]
         lead_n, cum_n, ep_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N]
         i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], cf[F_S_HI], cf[F_SCHED_HI]
@@ -170,7 +171,10 @@ def _steady_loop(rule: int):
         # offset -> row of the messages in the leader's log from the commit point up (R1, rule 4 visibility)
         leo0 = log_len[li] if li >= 0 else 0
         base = min(commit, leo0)
-        orow = np.full(max(leo0 - base, 0) + (s_hi - i_s) + (r_hi - i_r) + 1, -1, dtype=np.int64)
+        room = max(leo0 - base, 0) + (s_hi - i_s) + (r_hi - i_r) + 1
+        if len(orow) < room:
+            raise ValueError("group_steady: orow is shorter than the leader's uncommitted log and the due events")
+        orow[:room] = -1
         t0 = min(s_key[i_s] if i_s < s_hi else INF, sched_key[i_r] if i_r < r_hi else INF) // KEY
         if by_point and li >= 0:
             for r in range(cf[F_PEND_N]):

@@ -66,6 +66,7 @@ class SteadySegments:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_bufs", None)  # scratch: not part of the replay's state (stream snapshots stay small)
+        state.pop("_orow", None)
         return state
 
     def _steady_done(self, commit: int, hw: int, expand: int | None) -> None:
@@ -129,13 +130,15 @@ class SteadySegments:
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         before = self.log_len.copy()
         w_rep, w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
+        leo0 = int(self.log_len[li]) if li >= 0 else 0
+        orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
         steady.GROUP_STEADY[rule.rule](
             sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
             c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
             c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
             alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
             reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
-            w_rep, w_t, w_len, w_bytes, rows, unav)
+            w_rep, w_t, w_len, w_bytes, rows, unav, orow)
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
         self.s_pos = int(sc[steady.S_POS])
