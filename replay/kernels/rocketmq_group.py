@@ -94,6 +94,9 @@ class GroupReplay(GroupMessages, GroupLogs):
         self.handlers: dict = {}  # engine-derived event -> its handler (t, arg)
         self.s_key = np.zeros(1, dtype=np.int64) + INF
         self.s_pos = 0
+        self.s_pidx = np.zeros(1, dtype=np.int64) - 1
+        self.p_msg = self.p_size = np.zeros(0, dtype=np.int64)
+        self.p_pay: dict[str, np.ndarray] = {}
         self.segment_max = self.SEGMENT_MAX
 
     # ================================================================================== family hooks
@@ -163,12 +166,13 @@ class GroupReplay(GroupMessages, GroupLogs):
         order = merge_order(r_key, p_key) if is_ascending(r_key) and is_ascending(p_key) else \
             np.argsort(s_key, kind="stable")
         nrep = len(r_key)
-        pm, ps = ev.produce_msg[now], ev.produce_size[now]
-        (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_msg, self.s_size,
-         s_pidx) = stream_columns(order, nrep, r_key, p_key, bb[rep], bu[rep], pm, ps,
-                                  np.array(self.order, dtype=np.int64))
-        self.s_pay = {k: take_or(np.asarray(payload[k][now], dtype=np.int64), s_pidx, -1) if k in payload
-                      else np.full(len(s_pidx), -1, dtype=np.int64) for k in self.payload_keys}
+        # the streamed produce events' own columns, read through s_pidx (one column per stream event would be a
+        # copy and fresh pages per payload column)
+        self.p_msg, self.p_size = ev.produce_msg[now], ev.produce_size[now]
+        self.p_pay = {k: np.asarray(payload[k][now], dtype=np.int64) if k in payload
+                      else np.full(len(p_ts), -1, dtype=np.int64) for k in self.payload_keys}
+        (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_pidx) = stream_columns(
+            order, nrep, r_key, p_key, bb[rep], bu[rep], np.array(self.order, dtype=np.int64))
         self.s_pos = 0
         until_key = key_of(until_us, 0)
         ci = 0
@@ -192,6 +196,11 @@ class GroupReplay(GroupMessages, GroupLogs):
                 self.cp.pop()
             self._after_control(t)
         self._compact()
+
+    def _produced(self, pidx: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """msg, size and payload of the streamed produce events `pidx` (s_pidx values; -1, 0 and -1 where -1)."""
+        return (take_or(self.p_msg, pidx, -1), take_or(self.p_size, pidx, 0),
+                {k: take_or(v, pidx, -1) for k, v in self.p_pay.items()})
 
     def finish(self) -> PartitionResult:
         """End of trace: settle every message and judge fates (SPEC §4.1)."""

@@ -96,11 +96,11 @@ class SeriesSegments:
                 # bounded: a SyncStateSet expansion cuts a segment, and the work past the cut is redone
                 hi = min(hi, self.s_pos + self.segment_max)
                 sl = slice(self.s_pos, hi)
+                msg, size, pay = self._produced(self.s_pidx[sl])
                 self.s_pos += self._segment({
                     "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
-                    "upto": self.s_upto[sl], "msg": self.s_msg[sl], "size": self.s_size[sl],
-                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64),
-                    "pay": {k: v[sl] for k, v in self.s_pay.items()},
+                    "upto": self.s_upto[sl], "msg": msg, "size": size,
+                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64), "pay": pay,
                 })
                 self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
                 continue
@@ -108,15 +108,15 @@ class SeriesSegments:
             if due is None:
                 return
             keys, is_tr, ti, si, shi = due
+            msg, size, pay = self._produced(np.where(is_tr, self.s_pidx[ti], -1))
             seg = {
                 "key": keys,
                 "code": np.where(is_tr, self.s_code[ti], C_ARRIVE),
                 "broker": np.where(is_tr, self.s_broker[ti], -1),
                 "upto": np.where(is_tr, self.s_upto[ti], 0),
-                "msg": np.where(is_tr, self.s_msg[ti], -1),
-                "size": np.where(is_tr, self.s_size[ti], 0),
+                "msg": msg, "size": size,
                 "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
-                "pay": {k: np.where(is_tr, v[ti], -1) for k, v in self.s_pay.items()},
+                "pay": pay,
             }
             consumed = self._segment(seg)
             took_tr = int(is_tr[:consumed].sum())

@@ -295,16 +295,15 @@ GROUP_STEADY = {rule: _steady_loop(int(rule)) for rule in CommitRule}
 
 
 @compiled
-def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, p_msg, p_size, members):
+def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, members):
     """The chunk's stream events in the order `order` (indices into replications then produce events, as
     `_arrays.merge_order` gives), with an INF sentinel at the end. Returns (key, code, broker, replica index,
-    upto, msg, size, produce index); replication rows hold msg -1, size 0 and produce index -1."""
+    upto, produce index); replication rows hold produce index -1, produce rows broker and replica index -1."""
     n = len(order)
     key = np.empty(n + 1, dtype=np.int64)
-    code, broker, rep, upto = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
-                               np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
-    msg, size, pidx = (np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
-                       np.full(n + 1, -1, dtype=np.int64))
+    code, broker, rep, upto, pidx = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                     np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
+                                     np.full(n + 1, -1, dtype=np.int64))
     for o in range(n):
         j = order[o]
         if j < nrep:
@@ -314,6 +313,6 @@ def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, p_msg, p_size, m
                     rep[o] = i
         else:
             j -= nrep
-            key[o], code[o], msg[o], size[o], pidx[o] = p_key[j], C_PRODUCE, p_msg[j], p_size[j], j
+            key[o], code[o], pidx[o] = p_key[j], C_PRODUCE, j
     key[n] = INF
-    return key, code, broker, rep, upto, msg, size, pidx
+    return key, code, broker, rep, upto, pidx

@@ -94,7 +94,8 @@ class SteadySegments:
         pend_n = self.pend.n
         if len(new):
             ts = self.s_key[new] // KEY
-            self._new_rows(self.s_msg[new], ts, self.s_size[new], ts, {k: v[new] for k, v in self.s_pay.items()}, 0)
+            msg, size, pay = self._produced(self.s_pidx[new])
+            self._new_rows(msg, ts, size, ts, pay, 0)
         arrivals = len(new) + shi  # at most one append each
         c = self.pend.cols
         rule = self._steady_rule()
