@@ -27,19 +27,15 @@ def held(runs, epoch, offset):
     return lo < runs.shape[0] and offset >= 0 and runs[lo, 1] <= offset and runs[lo, 0] == epoch
 
 
-@compiled
-def _judge(final_runs, end_runs, end_hw, end_up, pos_epoch, pos_offset):
-    n = len(pos_epoch)
-    fate = np.empty(n, dtype=np.int8)
-    readable = np.empty(n, dtype=np.bool_)
-    offset = np.empty(n, dtype=np.int64)
-    for j in range(n):
+@compiled(counted=False)
+def _judge(final_runs, end_runs, end_hw, end_up, pos_epoch, pos_offset, fate, readable, offset):
+    """Fill fate, readable and offset (the caller's arrays, one slot per message)."""
+    for j in range(len(pos_epoch)):
         e, o = pos_epoch[j], pos_offset[j]
         in_final = held(final_runs, e, o)
         offset[j] = o if in_final else NULL_US
         readable[j] = end_up and o < end_hw and held(end_runs, e, o)
         fate[j] = _COMMITTED if in_final else _LOST if e >= 0 else _ABSENT
-    return fate, readable, offset
 
 
 def judge(records: MessageRecords, view: FinalView) -> JudgedMessages:
@@ -47,7 +43,9 @@ def judge(records: MessageRecords, view: FinalView) -> JudgedMessages:
     if len(records.extra_positions):
         return judge_numpy(records, view)  # earlier copies of retried messages (rare): the numpy form handles them
     final = empty_runs() if view.final_runs is None else np.asarray(view.final_runs, dtype=np.int64)
-    fate, readable, offset = _judge(final, np.asarray(view.end_runs, dtype=np.int64), int(view.end_high_watermark),
-                                    bool(view.end_serving_up), records.pos_epoch.astype(np.int64, copy=False),
-                                    records.pos_offset.astype(np.int64, copy=False))
+    n = len(records.pos_epoch)
+    fate, readable, offset = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.bool_), np.empty(n, dtype=np.int64)
+    _judge(final, np.asarray(view.end_runs, dtype=np.int64), int(view.end_high_watermark), bool(view.end_serving_up),
+           records.pos_epoch.astype(np.int64, copy=False), records.pos_offset.astype(np.int64, copy=False), fate,
+           readable, offset)
     return JudgedMessages(records, fate, readable, offset)

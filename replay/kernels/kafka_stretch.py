@@ -85,7 +85,7 @@ class KafkaStretches:
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         if len(self.scratch[0]) <= due + ticks:  # output buffers, kept across stretches
             cap = max(2 * len(self.scratch[0]), due + ticks + 1)
-            self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (3, 2, 3, 2))
+            self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (4, 2, 3, 2))
         rows, unav, extra, hw_ch = self.scratch
         unsettled = int(self.log_len[li]) - min(self.hw, int(self.log_len[li])) if li >= 0 else 0
         orow = reserve(self.orow, unsettled + due + 1)  # offset -> pending row, scratch of the loop
@@ -128,7 +128,7 @@ class KafkaStretches:
         if nh and self.extra and ldr >= 0:
             self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in (rows[: int(sc[steady.S_NROWS])].tolist()):
+        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
             row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw) if l_up else self._state_row(t)
             self.timeline.offer(row)
         self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))

@@ -58,7 +58,7 @@ class SteadySegments:
         bufs = self.__dict__.get("_bufs")
         if bufs is None or len(bufs[0]) < n:
             cap = max(n, 2 * len(bufs[0]) if bufs is not None else 0)
-            bufs = (*(np.empty(cap, dtype=np.int64) for _ in range(4)), np.empty((cap, 3), dtype=np.int64),
+            bufs = (*(np.empty(cap, dtype=np.int64) for _ in range(4)), np.empty((cap, 4), dtype=np.int64),
                     np.empty((cap, 2), dtype=np.int64))
             self._bufs = bufs
         return bufs
@@ -173,7 +173,7 @@ class SteadySegments:
                 if sel.any():
                     self.flush[i].write(w_t[sel], w_len[sel], w_bytes[sel])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in rows[: int(sc[steady.S_NROWS])].tolist():
+        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
             self.timeline.offer(self._state_row(t, leo, hw))
         self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
         if sc[steady.S_AV_HAS]:
