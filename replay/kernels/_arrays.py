@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+from pathlib import Path
+
 import numpy as np
 
 
@@ -106,6 +111,36 @@ def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key:
     return keys[order], is_tr, np.where(is_tr, order + s_pos, 0), np.where(is_tr, 0, order - ntr), shi
 
 
+#: The sources whose code or constants the compiled functions hold (numba reads module globals as compile-time
+#: constants, and copies inlined helpers into their callers).
+_COMPILED_SOURCES = ("replay/kernels/*.py", "replay/rocketmq_control.py", "schemas/outcomes.py", "schemas/trace.py")
+
+
+def sources_digest(root: Path) -> str | None:
+    """The digest of `_COMPILED_SOURCES` under root (None where there are none: code imported from a zip)."""
+    files = sorted(f for pattern in _COMPILED_SOURCES for f in root.glob(pattern))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.relative_to(root).as_posix()}\0".encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _versioned_cache() -> None:
+    """Keep numba's on-disk cache (NUMBA_CACHE_DIR) in a directory named by `sources_digest`. numba invalidates a
+    cached function when its own file changes, not when an inlined helper or a constant it read from another
+    module does: after such a change a process would load the old machine code."""
+    import numba
+
+    base = os.environ.get("NUMBA_CACHE_DIR")
+    digest = sources_digest(Path(__file__).resolve().parents[2])
+    if base and digest:
+        numba.config.CACHE_DIR = str(Path(base) / digest)
+
+
 def compiled(fn=None, *, inline: bool = False, counted: bool = True):
     """numba's `njit` with its on-disk cache (NUMBA_CACHE_DIR), or without it where numba cannot cache: code
     imported from a zip (spark-submit --py-files) has no cache locator, so it is compiled in each process.
@@ -125,6 +160,7 @@ def compiled(fn=None, *, inline: bool = False, counted: bool = True):
         return lambda f: compiled(f, inline=inline, counted=counted)
     import numba
 
+    _versioned_cache()
     options = {"inline": "always" if inline else "never", **({} if counted else {"_nrt": False})}
     try:
         return numba.njit(cache=True, **options)(fn)

@@ -247,3 +247,28 @@ def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     monkeypatch.setattr(kafka_stretch, "COMPACT_AT", 2**62)
     whole = replay_local(parse_policy(policy), manifest, table)
     assert _everything(compacted) == _everything(whole)
+
+
+def test_the_compiled_cache_changes_with_any_source_a_compiled_function_holds(tmp_path):
+    """numba keeps a cached function while its own file is unchanged: a change to an inlined helper (here
+    `_arrays.timeline_row`) or to a constant read from another module must move the cache elsewhere."""
+    import shutil
+    from pathlib import Path
+
+    from replay.kernels._arrays import _COMPILED_SOURCES, sources_digest
+
+    repo = Path(__file__).resolve().parents[2]
+    for pattern in _COMPILED_SOURCES:
+        for f in repo.glob(pattern):
+            (tmp_path / f.relative_to(repo)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, tmp_path / f.relative_to(repo))
+    before = sources_digest(tmp_path)
+    assert before == sources_digest(repo)
+    for changed in ("replay/kernels/_arrays.py", "schemas/outcomes.py"):
+        path = tmp_path / changed
+        text = path.read_text()
+        path.write_text(text + "\n# changed\n")
+        assert sources_digest(tmp_path) not in (None, before), changed
+        path.write_text(text)
+    assert sources_digest(tmp_path) == before
+    assert sources_digest(tmp_path / "nowhere") is None
