@@ -222,6 +222,19 @@ def kth_largest(values: np.ndarray, m: int, k: int) -> int:
 
 
 @compiled
+def member_index(ids: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """The index in `members` of each of `ids`, -1 for an id that is none of them (one pass: a masked assignment
+    per member read every id once per member)."""
+    out = np.full(len(ids), -1, dtype=np.int64)
+    for j in range(len(ids)):
+        for i in range(len(members)):
+            if members[i] == ids[j]:
+                out[j] = i
+                break
+    return out
+
+
+@compiled
 def take_or(values: np.ndarray, idx: np.ndarray, fill: int) -> np.ndarray:
     """values[idx] where idx ≥ 0, `fill` elsewhere (a gather with a null index)."""
     out = np.empty(len(idx), dtype=np.int64)

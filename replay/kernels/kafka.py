@@ -28,6 +28,7 @@ from replay.kernels._arrays import (
     Table,
     Timeline,
     append_time_at,
+    member_index,
     prefix_runs,
     reserve,
     reserve_rows,
@@ -149,9 +150,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
         ev = events
-        rep_ix = np.full(len(ev.broker_id), -1, dtype=np.int64)  # replica index of each broker event's broker
-        for i, b in enumerate(self.order):
-            rep_ix[ev.broker_id == b] = i
+        rep_ix = member_index(ev.broker_id, np.array(self.order, dtype=np.int64))  # each broker event's replica
         ctrl = (ev.broker_kind < C_REPLICATE) & (rep_ix >= 0)
         c_key = key(ev.broker_ts[ctrl], ev.broker_kind[ctrl].astype(np.int64))
         c_kind, c_b = ev.broker_kind[ctrl], ev.broker_id[ctrl]

@@ -14,6 +14,7 @@ from replay.kernels._arrays import (
     Table,
     Timeline,
     is_ascending,
+    member_index,
     merge_order,
     reserve,
     reserve_rows,
@@ -135,8 +136,10 @@ class GroupReplay(GroupMessages, GroupLogs):
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
         ev = events
-        known = np.isin(ev.broker_id, np.array(self.order, dtype=np.int64))
-        bk, bts, bb, bu = ev.broker_kind[known], ev.broker_ts[known], ev.broker_id[known], ev.broker_upto[known]
+        rep_ix = member_index(ev.broker_id, np.array(self.order, dtype=np.int64))  # each broker event's replica
+        known = rep_ix >= 0
+        bk, bts, bb, bu, bi = (ev.broker_kind[known], ev.broker_ts[known], ev.broker_id[known],
+                               ev.broker_upto[known], rep_ix[known])
         ctrl = bk < C_REPLICATE
         c_key = key_of(bts[ctrl], bk[ctrl].astype(np.int64))
         c_kind, c_b = bk[ctrl], bb[ctrl]
@@ -172,7 +175,7 @@ class GroupReplay(GroupMessages, GroupLogs):
         self.p_pay = {k: np.asarray(payload[k][now], dtype=np.int64) if k in payload
                       else np.full(len(p_ts), -1, dtype=np.int64) for k in self.payload_keys}
         (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_pidx) = stream_columns(
-            order, nrep, r_key, p_key, bb[rep], bu[rep], np.array(self.order, dtype=np.int64))
+            order, nrep, r_key, p_key, bb[rep], bu[rep], bi[rep])
         self.s_pos = 0
         until_key = key_of(until_us, 0)
         ci = 0

@@ -295,7 +295,7 @@ GROUP_STEADY = {rule: _steady_loop(int(rule)) for rule in CommitRule}
 
 
 @compiled
-def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, members):
+def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, r_rep):
     """The chunk's stream events in the order `order` (indices into replications then produce events, as
     `_arrays.merge_order` gives), with an INF sentinel at the end. Returns (key, code, broker, replica index,
     upto, produce index); replication rows hold produce index -1, produce rows broker and replica index -1."""
@@ -307,10 +307,7 @@ def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, members):
     for o in range(n):
         j = order[o]
         if j < nrep:
-            key[o], code[o], broker[o], upto[o] = r_key[j], C_REPLICATE, r_broker[j], r_upto[j]
-            for i in range(len(members)):
-                if members[i] == r_broker[j]:
-                    rep[o] = i
+            key[o], code[o], broker[o], rep[o], upto[o] = r_key[j], C_REPLICATE, r_broker[j], r_rep[j], r_upto[j]
         else:
             j -= nrep
             key[o], code[o], pidx[o] = p_key[j], C_PRODUCE, j

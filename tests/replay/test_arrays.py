@@ -38,7 +38,7 @@ def test_a_pickled_table_keeps_its_rows_not_its_capacity():
 
 def test_compiled_helpers_agree_with_their_numpy_definitions():
     """The numba helpers the kernels use in place of numpy expressions compute exactly those expressions."""
-    from replay.kernels._arrays import forward_fill, kth_largest_columns, merge_order
+    from replay.kernels._arrays import forward_fill, kth_largest_columns, member_index, merge_order
 
     rng = np.random.default_rng(0)
     for m in range(1, 7):
@@ -52,6 +52,11 @@ def test_compiled_helpers_agree_with_their_numpy_definitions():
         assert merge_order(a, b).tolist() == expected.tolist()
     idx, values = np.array([2, 5, 5, 9]), np.array([10, 20, 30, 40])
     assert forward_fill(idx, values, 11, -1).tolist() == [-1, -1, 10, 10, 10, 30, 30, 30, 30, 40, 40]
+    ids, members = rng.integers(-1, 8, 200), np.array([5, 2, 7])
+    expected = np.full(200, -1)
+    for i, b in enumerate(members):
+        expected[ids == b] = i
+    assert member_index(ids, members).tolist() == expected.tolist()
 
 
 def test_hand_over_moves_settled_rows_keeps_the_rest_in_order_and_the_columns_capacity():
