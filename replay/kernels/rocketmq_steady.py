@@ -43,8 +43,8 @@ IN_VIEW, IN_SSS = 1, 2
 
 # Indices of the carried scalars in `sc` (read and written back by `group_steady`).
 (S_CUR_T, S_COMMIT, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N, S_EP_N, S_POS,
- S_SCHED_POS, S_APPENDED, S_NWRITES, S_NROWS, S_NUNAV, S_HW, S_ROW, S_EXPAND) = range(19)
-N_SCALARS = 19
+ S_SCHED_POS, S_APPENDED, S_NROWS, S_NUNAV, S_HW, S_ROW, S_EXPAND) = range(18)
+N_SCALARS = 18
 assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
 # Indices of the per-segment constants in `cf`.
 (F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_K, F_USABLE_OK, F_COMMITS,
@@ -103,8 +103,17 @@ def _settle(lo, hi, base, orow, t, mark_visible, acks, lb, epoch, inc, answer_us
 
 
 @compiled(inline=True)
+def _write(b, t, length, nb, w_t, w_len, w_bytes, w_n):
+    """Replica b's log reached `length` entries (`nb` bytes) at t: a write for the flush model (R3), kept per
+    replica (row b of w_t, w_len, w_bytes; w_n[b] of them)."""
+    k = w_n[b]
+    w_t[b, k], w_len[b, k], w_bytes[b, k] = t, length, nb
+    w_n[b] = k + 1
+
+
+@compiled(inline=True)
 def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbytes, lead_app, lead_cum, lead_n,
-            cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes):
+            cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n):
     """The leader appends message row r at t (`GroupReference._append`): its log, its epoch's entries, the
     leader cache (append times, cumulative bytes by offset) and a write for the flush model; the message is
     answered by this incarnation (R1)."""
@@ -115,7 +124,7 @@ def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbyt
     lead_app[lead_n], lead_cum[cum_n] = t, nbytes[li]
     ep_app[ep_n] = t
     ep_cum[ep_n + 1] = ep_cum[ep_n] + size
-    w_rep[n_writes], w_t[n_writes], w_len[n_writes], w_bytes[n_writes] = li, t, off + 1, nbytes[li]
+    _write(li, t, off + 1, nbytes[li], w_t, w_len, w_bytes, w_n)
 
 
 @compiled(inline=True)
@@ -143,7 +152,7 @@ def _steady_loop(rule: int):
     def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                      size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
                      log_len, nbytes, fetched, lcu, alive, ctl, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
-                     w_rep, w_t, w_len, w_bytes, row_out, unav_out, orow):
+                     w_t, w_len, w_bytes, w_n, row_out, unav_out, orow):
         """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], cf[F_S_HI]) and
         scheduled arrivals [sc[S_SCHED_POS], cf[F_SCHED_HI]), merged. Produce events already have rows from
         cf[F_ROW0] on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
@@ -167,7 +176,7 @@ def _steady_loop(rule: int):
             vis_at_append = rule == _CLASSIC
         ack_at_append = not by_point
         row = cf[F_ROW0]
-        appended, n_writes, n_rows, n_unav, expand = 0, 0, 0, 0, -1
+        appended, n_rows, n_unav, expand = 0, 0, 0, -1
         # offset -> row of the messages in the leader's log from the commit point up (R1, rule 4 visibility)
         leo0 = log_len[li] if li >= 0 else 0
         base = min(commit, leo0)
@@ -225,8 +234,7 @@ def _steady_loop(rule: int):
                     if new_len > old:
                         sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
                         nbytes[b] = lead_cum[new_len]
-                        w_rep[n_writes], w_t[n_writes], w_len[n_writes], w_bytes[n_writes] = b, t, new_len, nbytes[b]
-                        n_writes += 1
+                        _write(b, t, new_len, nbytes[b], w_t, w_len, w_bytes, w_n)
                     log_len[b] = new_len
                     fetched[b] = new_len
                     lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
@@ -238,8 +246,8 @@ def _steady_loop(rule: int):
                         state[r], err[r] = _FAILED, refusal  # R2 (§3.5: refused before append)
                         continue
                     _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes, lead_app,
-                            lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes)
-                    lead_n, cum_n, ep_n, n_writes = lead_n + 1, cum_n + 1, ep_n + 1, n_writes + 1
+                            lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                    lead_n, cum_n, ep_n = lead_n + 1, cum_n + 1, ep_n + 1
                     appended += 1
                     _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis,
                                arrive, dead)
@@ -251,8 +259,8 @@ def _steady_loop(rule: int):
                     state[r], err[r] = _FAILED, refusal  # R2
                     continue
                 _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes,
-                        lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_rep, w_t, w_len, w_bytes, n_writes)
-                lead_n, cum_n, ep_n, n_writes, appended = lead_n + 1, cum_n + 1, ep_n + 1, n_writes + 1, appended + 1
+                        lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                lead_n, cum_n, ep_n, appended = lead_n + 1, cum_n + 1, ep_n + 1, appended + 1
                 _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis, arrive, dead)
                 orow[po[r] - base] = r
             # ------------- the points after a report or an append (rule 4 / DLedger rule 2 / §3.5 `_recompute_hw`)
@@ -285,7 +293,7 @@ def _steady_loop(rule: int):
             hw = max(hw, _view_min(li, ctl, log_len, fetched))
         sc[S_CUR_T], sc[S_COMMIT], sc[S_HW], sc[S_ROW], sc[S_EXPAND] = cur_t, commit, hw, row, expand
         sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_POS], sc[S_SCHED_POS] = lead_n, cum_n, ep_n, i_s, i_r
-        sc[S_APPENDED], sc[S_NWRITES], sc[S_NROWS], sc[S_NUNAV] = appended, n_writes, n_rows, n_unav
+        sc[S_APPENDED], sc[S_NROWS], sc[S_NUNAV] = appended, n_rows, n_unav
 
     return group_steady
 

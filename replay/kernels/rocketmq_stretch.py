@@ -53,13 +53,13 @@ class SteadySegments:
         raise NotImplementedError
 
     def _scratch(self, n: int) -> tuple[np.ndarray, ...]:
-        """The loop's output buffers (writes, timeline rows, unavailability), room for n events, kept across
-        segments (fresh large arrays cost a page fault per 4 KiB)."""
+        """The loop's output buffers (writes per replica, timeline rows, unavailability), room for n events, kept
+        across segments (fresh large arrays cost a page fault per 4 KiB)."""
         bufs = self.__dict__.get("_bufs")
-        if bufs is None or len(bufs[0]) < n:
-            cap = max(n, 2 * len(bufs[0]) if bufs is not None else 0)
-            bufs = (*(np.empty(cap, dtype=np.int64) for _ in range(4)), np.empty((cap, 4), dtype=np.int64),
-                    np.empty((cap, 2), dtype=np.int64))
+        if bufs is None or len(bufs[-1]) < n:
+            cap = max(n, 2 * len(bufs[-1]) if bufs is not None else 0)
+            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in range(3)),
+                    np.empty((cap, 4), dtype=np.int64), np.empty((cap, 2), dtype=np.int64))
             self._bufs = bufs
         return bufs
 
@@ -130,7 +130,8 @@ class SteadySegments:
                        dtype=np.int64)
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         before = self.log_len.copy()
-        w_rep, w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
+        w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
+        w_n = np.zeros(n, dtype=np.int64)
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
         steady.GROUP_STEADY[rule.rule](
@@ -139,7 +140,7 @@ class SteadySegments:
             c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
             alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
             reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
-            w_rep, w_t, w_len, w_bytes, rows, unav, orow)
+            w_t, w_len, w_bytes, w_n, rows, unav, orow)
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
         self.s_pos = int(sc[steady.S_POS])
@@ -165,13 +166,9 @@ class SteadySegments:
             if i != li and self.log_len[i] > before[i]:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
         # ----- writes, for the flush model (R3)
-        nw = int(sc[steady.S_NWRITES])
-        if nw:
-            w_rep, w_t, w_len, w_bytes = w_rep[:nw], w_t[:nw], w_len[:nw], w_bytes[:nw]
-            for i in range(n):
-                sel = w_rep == i
-                if sel.any():
-                    self.flush[i].write(w_t[sel], w_len[sel], w_bytes[sel])
+        for i, k in enumerate(w_n.tolist()):
+            if k:
+                self.flush[i].write(w_t[i, :k], w_len[i, :k], w_bytes[i, :k])
         # ----- closed instants: timeline rows and availability
         for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
             self.timeline.offer(self._state_row(t, leo, hw))
