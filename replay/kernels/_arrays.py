@@ -113,12 +113,12 @@ def due_segment(s_key: np.ndarray, s_pos: int, sched_key: np.ndarray, limit_key:
 
 #: The sources whose code or constants the compiled functions hold (numba reads module globals as compile-time
 #: constants, and copies inlined helpers into their callers).
-_COMPILED_SOURCES = ("replay/kernels/*.py", "replay/rocketmq_control.py", "schemas/outcomes.py", "schemas/trace.py")
+COMPILED_SOURCES = ("replay/kernels/*.py", "replay/rocketmq_control.py", "schemas/outcomes.py", "schemas/trace.py")
 
 
 def sources_digest(root: Path) -> str | None:
-    """The digest of `_COMPILED_SOURCES` under root (None where there are none: code imported from a zip)."""
-    files = sorted(f for pattern in _COMPILED_SOURCES for f in root.glob(pattern))
+    """The digest of `COMPILED_SOURCES` under root (None where there are none: code imported from a zip)."""
+    files = sorted(f for pattern in COMPILED_SOURCES for f in root.glob(pattern))
     if not files:
         return None
     digest = hashlib.sha256()

@@ -260,10 +260,10 @@ def test_the_compiled_cache_changes_with_any_source_a_compiled_function_holds(tm
     import shutil
     from pathlib import Path
 
-    from replay.kernels._arrays import _COMPILED_SOURCES, sources_digest
+    from replay.kernels._arrays import COMPILED_SOURCES, sources_digest
 
     repo = Path(__file__).resolve().parents[2]
-    for pattern in _COMPILED_SOURCES:
+    for pattern in COMPILED_SOURCES:
         for f in repo.glob(pattern):
             (tmp_path / f.relative_to(repo)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(f, tmp_path / f.relative_to(repo))
