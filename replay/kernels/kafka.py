@@ -135,7 +135,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     def _new_scratch(self) -> None:
         """`steady`'s output buffers and its offset -> pending row map: kept across stretches (fresh large arrays
         cost a page fault per 4 KiB), not part of the replay's state."""
-        self.scratch = tuple(np.empty((0, w), dtype=np.int64) for w in (4, 2, 3, 2))
+        self.scratch = tuple(np.empty((0, w), dtype=np.int64) for w in steady.OUTPUT_WIDTHS)
         self.orow = Grow()
 
     def __getstate__(self) -> dict:

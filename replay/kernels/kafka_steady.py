@@ -67,6 +67,9 @@ assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_H
  F_EPOCH_START, F_DELIVERY, F_TIMEOUT, F_WINDOW, F_ZOMBIE, F_ZOMBIE_ALONE, F_BLOCKED, F_SERIES, F_FLUSH,
  F_PERIOD, F_EXPIRE, F_LIMIT, F_LAG, F_TICK_PERIOD, F_DURATION, F_COMPACT_AT) = range(27)
 N_CONSTANTS = 27
+#: Columns of `steady`'s output buffers: timeline rows (`_arrays.timeline_row`: t, log end, high watermark, window
+#: end), unavailability intervals, earlier copies (msg, epoch, offset), high watermark moves (t, value).
+OUTPUT_WIDTHS = (4, 2, 3, 2)
 
 
 @compiled(inline=True)

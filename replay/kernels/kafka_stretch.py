@@ -85,7 +85,7 @@ class KafkaStretches:
         lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
         if len(self.scratch[0]) <= due + ticks:  # output buffers, kept across stretches
             cap = max(2 * len(self.scratch[0]), due + ticks + 1)
-            self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in (4, 2, 3, 2))
+            self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in steady.OUTPUT_WIDTHS)
         rows, unav, extra, hw_ch = self.scratch
         unsettled = int(self.log_len[li]) - min(self.hw, int(self.log_len[li])) if li >= 0 else 0
         orow = reserve(self.orow, unsettled + due + 1)  # offset -> pending row, scratch of the loop
