@@ -262,7 +262,7 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
     from engine.groups import HISTOGRAM_ROW_TYPES, MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW
     from engine.metrics import HISTOGRAM_METRICS, WINDOW_COUNTS, WINDOW_TIMES
     from schemas.outcomes import ERROR_LABELS, FATE_LABELS, STATUS_LABELS
-    from schemas.tables import TABLES
+    from storage.lakehouse import as_table
 
     run_ids = F.element_at(F.array(*[F.lit(r.run_id) for r in runs]), F.col("policy_idx") + 1)
 
@@ -307,12 +307,8 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
         histograms = raw.where(F.col("rtype").isin(*HISTOGRAM_ROW_TYPES)).select(
             run_ids.alias("run_id"), metric.alias("metric"), "value", "frequency")
 
-    def conform(name: str, df):
-        schema = TABLES[name].spark_schema()
-        return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
-
-    return RawFrames(conform("message_outcomes", messages), conform("partition_states", states),
-                     conform("unavailability", intervals), totals, windows, histograms)
+    return RawFrames(as_table(messages, "message_outcomes"), as_table(states, "partition_states"),
+                     as_table(intervals, "unavailability"), totals, windows, histograms)
 
 
 # ------------------------------------------------------------------------------------------------ shared by modes
