@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from expectations.report import inside, safe_component
 from schemas.errors import ReplabError
 from schemas.tables import TABLES
-from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord, in_predicate
+from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord, as_table, in_predicate
 from tests.pipelines.synthetic import make_run, run_tables
 
 pytestmark = pytest.mark.spark
@@ -238,6 +238,29 @@ def test_schema_is_never_inferred(spark, tmp_path):
         lh.replace_run("partition_states", "a", states.drop("high_watermark"))
     with pytest.raises(ReplabError, match="extra: \\['surprise'\\]"):
         lh.replace_run("partition_states", "a", states.withColumn("surprise", states.ts_us))
+
+
+def test_as_table_reorders_and_casts_like_a_cast_per_column(spark):
+    """`as_table`: the table's column order and types; a frame already of those types is only reordered, any
+    other cast as `Column.cast` would (a timestamp from its text, which `DataFrame.to` alone refuses); each
+    column keeps its own nullability; values survive."""
+    from pyspark.sql import functions as F
+
+    schema = TABLES["validations"].spark_schema()
+    row = {"validation_id": "v1", "suite": "s", "trace_id": "t", "run_id": None, "target": "x", "success": True,
+           "evaluated": 3, "successful": 3, "unexpected_rows": 0, "report_path": None,
+           "validated_at": "2026-11-27 12:00:00"}
+    text = spark.createDataFrame([tuple(row.values())], ", ".join(
+        f"`{k}` {'BOOLEAN' if k == 'success' else 'STRING'}" for k in row)).select(*reversed(list(row)))
+    cast = as_table(text, "validations")
+    assert cast.schema.fieldNames() == schema.fieldNames()
+    assert [f.dataType for f in cast.schema.fields] == [f.dataType for f in schema.fields]
+    got = cast.first().asDict()
+    assert got["evaluated"] == 3 and got["run_id"] is None and str(got["validated_at"]) == "2026-11-27 12:00:00"
+    exact = spark.createDataFrame([], schema).withColumn("evaluated", F.lit(7).cast("int"))  # not nullable
+    again = as_table(exact.select(*reversed(exact.columns)), "validations")
+    assert again.schema.fieldNames() == schema.fieldNames()
+    assert not again.schema["evaluated"].nullable and again.schema["run_id"].nullable
 
 
 def test_succeeded_only_readers_skip_running_runs(spark, tmp_path, b_only):
