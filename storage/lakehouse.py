@@ -98,7 +98,7 @@ def as_table(df, table: str):
     its own nullability); any other by one `selectExpr` of SQL casts, the cast a `Column.cast` makes (`to` refuses
     some of them, e.g. string to timestamp). A select of `F.col(...).cast(...).alias(...)` per column made about 40
     Py4J round trips per column (784 for run_summary's 19 columns, 110 ms, against 3 round trips and 6 ms with `to`
-    and 200 and 42 ms with `selectExpr`): a small replay built 25 000 round trips, a quarter of them here. Columns
+    and 26 round trips with `selectExpr`): a small replay built 25 000 round trips, a quarter of them here. Columns
     the table does not have are dropped (`Lakehouse.conform` refuses those first)."""
     from pyspark.sql import types as T
 
