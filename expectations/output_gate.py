@@ -13,7 +13,8 @@ Expectations (targets are the run DataFrames; every target holds all runs of one
 - every message has exactly one outcome: when the trace's produced msg_ids are given, no run misses one and
   no run has an outcome for a msg_id that was not produced (with the uniqueness above: a bijection).
 - extra named checks (the SPEC §9 invariants, `expectations/invariants.py`): each is a DataFrame of offending
-  rows (it should hold `run_id`) and must be empty.
+  rows (it should hold `run_id`) and must be empty; one over message outcomes gives its rows' condition too, and
+  the screen below counts them.
 
 How it runs: every check is a Spark query of its offending rows (normally none). One Spark job counts each
 check's rows exactly and keeps its first 20; GX then asserts, one expectation per check, that every count is 0,
@@ -22,15 +23,15 @@ expectation (minutes per replay on two cores); this way the gate costs one job b
 run concurrently), and GX's JSON/HTML report still holds one result per expectation, with the offending rows
 beside it.
 
-The checks over every message outcome (latency, status, fate, uniqueness, coverage, summary vs outcomes) are
-screened first by ONE aggregation of message_outcomes per run (`message_screen`): the rows breaking the row rules
-and the summary's counts are counted, and each run's outcomes are compared with the produced messages by count and
-by two sums of 64-bit hashes of msg_id (a
-multiset fingerprint: a run with a missing, extra or repeated message has another count or, but for a chance of
-about 2^-128, other sums). Only a check its screen flags runs its exact query, which then decides and reports the
-rows; a check the screen clears holds with 0 rows (its GX result says `screened`). The exact uniqueness and
-coverage queries aggregate every outcome by msg_id and join it with the produced messages: at 1 M events × 16
-policies they took 14 s of a replay's tail, the screen about as long as one scan of the outcomes.
+The checks over every message outcome (latency, status, fate, uniqueness, coverage, summary vs outcomes, the
+invariants that give a `screen` condition) are screened first by ONE aggregation of message_outcomes per run
+(`message_screen`): the rows breaking the row rules and the summary's counts are counted, and each run's outcomes
+are compared with the produced messages by count and by two sums of 64-bit hashes of msg_id (a multiset
+fingerprint: a run with a missing, extra or repeated message has another count or, but for a chance of about
+2^-128, other sums). Only a check its screen flags runs its exact query, which then decides and reports the rows;
+a check the screen clears holds with 0 rows (its GX result says `screened`). The exact uniqueness and coverage
+queries aggregate every outcome by msg_id and join it with the produced messages: at 1 M events × 16 policies they
+took 14 s of a replay's tail, the screen about as long as one scan of the outcomes.
 
 A failure raises `GateFailed` (exit 3) whose message names the failed expectations, the runs they concern and
 the HTML report; the gate run lands in `validations` either way. Failures report up to 20 offending rows each,
@@ -66,11 +67,16 @@ class RunOutputs:
 
 @dataclass(frozen=True)
 class NamedCheck:
-    """An extra check: `rows` (a DataFrame, or a function returning one) holds the offending rows."""
+    """An extra check: `rows` (a DataFrame, or a function returning one) holds the offending rows.
+
+    `screen`, for a check over message outcomes: a condition on a message_outcomes row (a Column) that holds for
+    exactly the rows `rows` returns. The gate then counts them per run in its one aggregation of the outcomes
+    (`message_screen`) and runs `rows` only if some run has one, instead of scanning the outcomes once more."""
 
     name: str
     rows: Any
     description: str = ""
+    screen: Any = None
 
     def dataframe(self):
         return self.rows() if callable(self.rows) else self.rows
@@ -300,26 +306,33 @@ SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE, SCREEN_MESSAGES, SCREEN_SUMMARY = (
     "negative_latency", "unknown_status", "unknown_fate", "unmatched_messages", "summary_counts_differ")
 
 
-def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None, run_summary=None):
+def screen_column(check: NamedCheck) -> str:
+    """The screen column of an extra check that has a `screen` condition."""
+    return f"invariant_{check.name}"
+
+
+def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None, run_summary=None,
+                   extra_checks: Sequence[NamedCheck] = ()):
     """One row per run (of `run_ids`, and of any other run_id the outcomes hold): the rows breaking the row rules
-    (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE); given the produced msg_ids (distinct, as the trace gate leaves
-    them), SCREEN_MESSAGES = 1 when the run's outcomes are not one per produced message by count and fingerprint
-    (`_fingerprint`); given run_summary, SCREEN_SUMMARY = 1 when its counts are not those of the run's outcomes
-    (`summary_outcome_mismatches`). ONE aggregation of the outcomes, per run before the shuffle."""
+    (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE) and those of each extra check's `screen` (`screen_column`); given
+    the produced msg_ids (distinct, as the trace gate leaves them), SCREEN_MESSAGES = 1 when the run's outcomes are
+    not one per produced message by count and fingerprint (`_fingerprint`); given run_summary, SCREEN_SUMMARY = 1
+    when its counts are not those of the run's outcomes (`summary_outcome_mismatches`). ONE aggregation of the
+    outcomes, per run before the shuffle."""
     from pyspark.sql import functions as F
 
     from storage.session import local_frame
 
     spark = message_outcomes.sparkSession
+    counted = [(SCREEN_LATENCY, _negative_latency()), (SCREEN_STATUS, _unknown_label("status", STATUS_LABELS)),
+               (SCREEN_FATE, _unknown_label("fate", FATE_LABELS)),
+               *[(screen_column(c), c.screen) for c in extra_checks if c.screen is not None]]
     per_run = message_outcomes.groupBy("run_id").agg(
-        F.sum(_negative_latency().cast("long")).alias(SCREEN_LATENCY),
-        F.sum(_unknown_label("status", STATUS_LABELS).cast("long")).alias(SCREEN_STATUS),
-        F.sum(_unknown_label("fate", FATE_LABELS).cast("long")).alias(SCREEN_FATE),
+        *[F.sum(F.coalesce(cond, F.lit(False)).cast("long")).alias(name) for name, cond in counted],
         *_fingerprint(F.col("msg_id")), *(_outcome_counts()[1:] if run_summary is not None else ()))
     runs = local_frame(spark, [(r,) for r in run_ids], "run_id STRING")
     out = runs.join(per_run, "run_id", "full_outer")
-    screens = [F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c)
-               for c in (SCREEN_LATENCY, SCREEN_STATUS, SCREEN_FATE)]
+    screens = [F.coalesce(F.col(name), F.lit(0)).cast("long").alias(name) for name, _ in counted]
     if run_summary is not None:
         out = out.join(run_summary.select("run_id", *[F.col(c).alias(f"_summary_{c}") for c in _SUMMARY_COUNTS]),
                        "run_id", "left")
@@ -341,11 +354,11 @@ def message_screen(message_outcomes, run_ids: Sequence[str], produced_msg_ids=No
 
 
 def screen_flags(message_outcomes, run_ids: Sequence[str], produced_msg_ids=None,
-                 run_summary=None) -> dict[str, bool]:
+                 run_summary=None, extra_checks: Sequence[NamedCheck] = ()) -> dict[str, bool]:
     """Which screen columns flag some run (one Spark job)."""
     from pyspark.sql import functions as F
 
-    screen = message_screen(message_outcomes, run_ids, produced_msg_ids, run_summary)
+    screen = message_screen(message_outcomes, run_ids, produced_msg_ids, run_summary, extra_checks)
     names = [c for c in screen.columns if c != "run_id"]
     row = screen.agg(*[F.max(c).alias(c) for c in names]).first()
     return {c: bool(row[c]) for c in names}
@@ -397,7 +410,8 @@ def gate_checks(outputs: RunOutputs, run_ids: Sequence[str], *, produced_msg_ids
                             lambda: message_coverage(mo, produced_msg_ids, run_ids, keys()), messages))
     for check in extra_checks:
         checks.append(Check(f"invariant.{check.name}", check.description or f"invariant {check.name} holds "
-                            "(SPEC §9)", check.dataframe))
+                            "(SPEC §9)", check.dataframe,
+                            screen_column(check) if check.screen is not None else None))
     return checks
 
 
@@ -469,7 +483,7 @@ def check_outputs(spark, outputs: RunOutputs, run_ids: Sequence[str], *, produce
     # the screen flags, normally none. A static plan for both: the screen is small aggregations and joins.
     with adaptive_off(spark), ThreadPoolExecutor(2, thread_name_prefix="replab-gate") as pool:
         screened = pool.submit(screen_flags, outputs.message_outcomes, run_ids, produced_msg_ids,
-                               outputs.run_summary)
+                               outputs.run_summary, extra_checks)
         found = pool.submit(offending, spark, [checks[i] for i in unscreened])
         flags, (counts_found, rows_found) = screened.result(), found.result()
     flagged = [i for i, c in enumerate(checks) if c.screen is not None and flags[c.screen]]

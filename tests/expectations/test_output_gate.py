@@ -26,6 +26,7 @@ from expectations.output_gate import (
     message_screen,
     outcome_keys,
     run_output_gate,
+    screen_column,
 )
 from schemas.errors import GateFailed
 from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord
@@ -75,6 +76,52 @@ def test_a_correct_run_passes(spark, produced_ids):
                         SUMMARY_VS_OUTCOMES}
     # the gate's query ran with a static plan (`adaptive_off`); the session's own setting is back afterwards
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+
+
+def test_an_invariant_over_the_outcomes_is_screened_and_its_rows_found_when_flagged(spark, produced_ids):
+    """SPEC §9's acked-loss invariant gives the condition of its rows: the screen counts exactly the rows its
+    query returns, per run; the gate runs the query only when the screen flags a run, and then names the run."""
+    from dataclasses import replace
+
+    from engine.plan import policy_runs
+    from expectations import invariants
+    from replay.events import PartitionEvents
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    manifest = Manifest("t", tuple(Broker(b, "r") for b in range(1, 4)), 1_000_000)
+    durable, acks1 = policy_runs([parse_policy("kafka-durable"), parse_policy("kafka-acks1")], manifest)
+    # the synthetic runs lose about one acknowledged message in ten, in every partition
+    frames = {run_id: run_frames(spark, run_id, seed) for seed, run_id in enumerate(["lossy", "acks1"])}
+    runs = [replace(durable, run_id="lossy"), replace(acks1, run_id="acks1")]
+    outcomes, states = (union(list(frames.values()), n) for n in ("message_outcomes", "partition_states"))
+    check = next(c for c in invariants.checks(spark, runs, outcomes, states, PartitionEvents.empty())
+                 if c.name == "no_acked_loss_when_guaranteed")
+    assert check.screen is not None
+
+    screened = {r["run_id"]: r[screen_column(check)] for r in message_screen(
+        outcomes, list(frames), extra_checks=[check]).collect()}
+    found = {r["run_id"]: r["count"] for r in check.dataframe().groupBy("run_id").count().collect()}
+    assert found["lossy"] > 0 and set(found) == {"lossy"}  # acks=1 guarantees nothing: its losses are allowed
+    assert screened == {"lossy": found["lossy"], "acks1": 0}
+
+    def gate(run_id: str):
+        f = frames[run_id]
+        return check_outputs(spark, RunOutputs(f["message_outcomes"], f["partition_states"], f["loss_metrics"],
+                                               f["run_summary"]), [run_id], produced_msg_ids=produced_ids,
+                             extra_checks=[replace(check, rows=lambda: check.dataframe().where(
+                                 F.col("run_id") == run_id))])
+
+    def result(report):
+        return next(r for r in report.gx_results[0]["results"]
+                    if r["expectation_config"]["meta"]["target"] == "invariant.no_acked_loss_when_guaranteed")
+
+    holds = gate("acks1")
+    assert holds.success and result(holds)["result"]["screened"]  # cleared by the screen: no query of its rows
+    broken = gate("lossy")
+    assert not broken.success and not result(broken)["result"]["screened"]
+    assert [(f.target, f.run_ids, f.count) for f in broken.failures] == [
+        ("invariant.no_acked_loss_when_guaranteed", ("lossy",), found["lossy"])]
 
 
 def test_each_expectation_catches_its_violation_and_names_the_run(spark, produced_ids):
