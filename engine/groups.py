@@ -54,14 +54,46 @@ OUTPUT_SCHEMA = pa.schema([
     ("window_start_us", pa.int64()), *[(c, pa.int64()) for c in WINDOW_COUNTS + WINDOW_TIMES],
     ("value", pa.int64()), ("frequency", pa.int64()),
 ])
-OUTPUT_DDL = (
-    "policy_idx INT, rtype TINYINT, unit INT, msg_id BIGINT, key STRING, producer_id INT, `partition` INT, "
-    "produce_us BIGINT, status TINYINT, error TINYINT, ack_us BIGINT, visible_us BIGINT, fate TINYINT, "
-    "readable_at_end BOOLEAN, `offset` BIGINT, ts_us BIGINT, leader INT, leader_epoch INT, isr ARRAY<INT>, "
-    "log_end_offset BIGINT, high_watermark BIGINT, start_us BIGINT, end_us BIGINT, replication_bytes BIGINT, "
-    "window_start_us BIGINT, " + ", ".join(f"{c} BIGINT" for c in WINDOW_COUNTS + WINDOW_TIMES)
-    + ", value BIGINT, frequency BIGINT"
-)
+_SQL_TYPES = {pa.int8(): "TINYINT", pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING",
+              pa.bool_(): "BOOLEAN"}
+
+
+def _sql_type(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return f"ARRAY<{_sql_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "STRUCT<" + ", ".join(f"`{f.name}`: {_sql_type(f.type)}" for f in t) + ">"
+    return _SQL_TYPES[t]
+
+
+def ddl(schema: pa.Schema) -> str:
+    """The Spark DDL of an Arrow schema of these columns' types (a mapInArrow's output schema)."""
+    return ", ".join(f"`{f.name}` {_sql_type(f.type)}" for f in schema)
+
+
+OUTPUT_DDL = ddl(OUTPUT_SCHEMA)
+
+#: The columns a MESSAGE row fills (and the row's keys); every other column is some other row type's.
+MESSAGE_COLUMNS = ("policy_idx", "rtype", "unit", "msg_id", "key", "producer_id", "partition", "produce_us", "status",
+                   "error", "ack_us", "visible_us", "fate", "readable_at_end", "offset")
+#: OUTPUT_SCHEMA as the batch replay persists it: the other row types' 22 columns in one struct, `detail`, null in
+#: a message row. A message row of OUTPUT_SCHEMA is 22 nulls, each a field of its row in the JVM and an entry of
+#: the disk cache: 6 M message rows were cached in 7.2-7.6 s with them, 4.3-4.4 s with one null struct, 3.6-3.8 s
+#: with only the message columns (bench/HISTORY.md, fourth session).
+PACKED_SCHEMA = pa.schema([*(OUTPUT_SCHEMA.field(c) for c in MESSAGE_COLUMNS),
+                           pa.field("detail", pa.struct([f for f in OUTPUT_SCHEMA if f.name not in MESSAGE_COLUMNS]))])
+PACKED_DDL = ddl(PACKED_SCHEMA)
+
+
+def packed(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of OUTPUT_SCHEMA in PACKED_SCHEMA (`engine.replay.unpacked` reads it back)."""
+    detail_type = PACKED_SCHEMA.field("detail").type
+    is_message = pc.equal(batch.column("rtype"), MESSAGE)
+    detail = pa.StructArray.from_arrays([batch.column(f.name) for f in detail_type], fields=list(detail_type),
+                                        mask=is_message)
+    return pa.RecordBatch.from_arrays([*(batch.column(c) for c in MESSAGE_COLUMNS), detail], schema=PACKED_SCHEMA)
+
+
 ROUTED_DDL = ("cls INT, unit INT, ts_us BIGINT, kind_code TINYINT, broker INT, upto_us BIGINT, msg_id BIGINT, "
               "size_bytes INT, key STRING, producer_id INT, `partition` INT, delay_us BIGINT")
 
@@ -194,7 +226,7 @@ class UnitReplay:
 
 
 def run_groups(plan: ReplayPlan):
-    """mapInArrow function over events sorted by (cls, unit, ts_us, kind_code, msg_id, broker)."""
+    """mapInArrow function over events sorted by (cls, unit, ts_us, kind_code, msg_id, broker) → PACKED_SCHEMA."""
     classes = {rc.index: rc for rc in plan.classes}
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -211,11 +243,11 @@ def run_groups(plan: ReplayPlan):
                 key = (int(cls[a]), int(unit[a]))
                 if group is None or (group.rc.index, group.unit) != key:
                     if group is not None:
-                        yield from group.finish()
+                        yield from map(packed, group.finish())
                     group = UnitReplay(plan, classes[key[0]], key[1])
                 group.feed(table.slice(a, b - a))
         if group is not None:
-            yield from group.finish()
+            yield from map(packed, group.finish())
 
     return fn
 

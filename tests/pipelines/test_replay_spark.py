@@ -238,3 +238,33 @@ def test_the_sort_prefix_never_decreases_along_the_group_order(spark, duration_u
     keyed = sorted((tuple(r)[:6], r["p"]) for r in df.withColumn("p", prefix).collect())
     assert all(a[1] <= b[1] for a, b in pairwise(keyed))  # never decreases
     assert len({p for _, p in keyed}) > n // 2  # and tells most rows apart (the point of it)
+
+
+def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
+    """The batch replay persists its output rows with the other row types' columns in one struct (`packed`), null
+    in a message row; read back (`unpacked`), every row type has the columns and values it was made with."""
+    from engine.groups import MESSAGE, OUTPUT_SCHEMA, PACKED_SCHEMA, STATE, WINDOW, packed
+    from engine.replay import unpacked
+
+    def output_rows(n: int, **cols: pa.Array) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays([cols.get(f.name, pa.nulls(n, f.type)) for f in OUTPUT_SCHEMA],
+                                          schema=OUTPUT_SCHEMA)
+
+    rows = [
+        output_rows(2, policy_idx=pa.array([0, 1], pa.int32()), rtype=pa.array([MESSAGE] * 2, pa.int8()),
+                    unit=pa.array([3, 3], pa.int32()), msg_id=pa.array([7, 8]), key=pa.array(["a", None]),
+                    partition=pa.array([3, 3], pa.int32()), offset=pa.array([0, None], pa.int64())),
+        output_rows(1, policy_idx=pa.array([1], pa.int32()), rtype=pa.array([STATE], pa.int8()),
+                    unit=pa.array([3], pa.int32()), ts_us=pa.array([5]), leader=pa.array([2], pa.int32()),
+                    isr=pa.array([[2, 0]], pa.list_(pa.int32())), high_watermark=pa.array([4])),
+        output_rows(1, policy_idx=pa.array([0], pa.int32()), rtype=pa.array([WINDOW], pa.int8()),
+                    unit=pa.array([3], pa.int32()), partition=pa.array([3], pa.int32()),
+                    window_start_us=pa.array([0]), produced=pa.array([2]), ack_latency_p99_us=pa.array([9])),
+    ]
+    batches = [packed(b) for b in rows]
+    assert [b.column("detail").null_count for b in batches] == [2, 0, 0]
+    back = unpacked(spark.createDataFrame(pa.Table.from_batches(batches, schema=PACKED_SCHEMA)))
+    assert back.columns == OUTPUT_SCHEMA.names
+    want = pa.Table.from_batches(rows).to_pylist()
+    got = [r.asDict() for r in back.collect()]
+    assert sorted(got, key=repr) == sorted(want, key=repr)
