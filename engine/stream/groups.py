@@ -51,11 +51,11 @@ from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, St
 from engine.groups import (
     FINAL_ROW_TYPES,
     GROUPED_COLUMNS,
-    OUTPUT_DDL,
     OUTPUT_SCHEMA,
     ReplayPlan,
     RouteClass,
     UnitReplay,
+    ddl,
 )
 from replay.events import PartitionEvents
 from replay.families import RouteInput, family_of
@@ -103,9 +103,7 @@ _EXTRA_OUTPUT = [
     ("rows_late", pa.int64()), ("max_event_us", pa.int64()), ("watermark_us", pa.int64()),
 ]
 STREAM_OUTPUT_SCHEMA = pa.schema([*OUTPUT_SCHEMA, *_EXTRA_OUTPUT])
-STREAM_OUTPUT_DDL = OUTPUT_DDL + (
-    ", kind_code TINYINT, broker INT, upto_us BIGINT, size_bytes INT, null_mask TINYINT, file_idx INT, `row` BIGINT, "
-    "rows_in BIGINT, rows_late BIGINT, max_event_us BIGINT, watermark_us BIGINT")
+STREAM_OUTPUT_DDL = ddl(STREAM_OUTPUT_SCHEMA)
 
 
 @dataclass
