@@ -2,9 +2,10 @@
 
 - **floor**: the bare Spark job any pipeline on this data pays: read the events, give each a partition (produce
   events by a hash of the key, broker events by broker), shuffle by partition, sort by time within it, write one
-  row per message (Delta).
+  row per message (Delta, with message_outcomes' table properties: file statistics on the same columns).
 - **one policy**: the replay core for `kafka-durable`: route, fan broker events out, one shuffle, chunked kernels,
-  and write message_outcomes (Delta): the same output as the floor, with the replay's work in between.
+  and write message_outcomes into a new lakehouse as `replab replay` writes it (`Lakehouse.replace_run`): the same
+  output as the floor, with the replay's work in between.
   Target: ≤ 1.25 × floor.
 - **Kafka presets**: the same for the Kafka presets together (the issue's target: ≤ 2.5 × one policy).
 - **all presets**: the same for every preset of conf/policies.yaml (Kafka and RocketMQ families) in one pass,
@@ -68,8 +69,22 @@ def floor_job(spark, trace: Path, out: str) -> int:
             .sortWithinPartitions("partition", "ts_us", "msg_id")
             .where(F.col("kind") == "produce")
             .select("msg_id", "key", "producer_id", "partition", F.col("ts_us").alias("produce_us")))
-    rows.write.format("delta").mode("overwrite").save(out)
+    _outcomes_like_table(spark, out, rows.schema)
+    rows.write.format("delta").mode("append").save(out)
     return spark.read.format("delta").load(out).count()
+
+
+def _outcomes_like_table(spark, path: str, schema) -> None:
+    """A new Delta table with message_outcomes' properties (`schemas.tables`: which columns get file statistics,
+    compaction), so that the floor writes its rows as the replay writes its outcomes."""
+    from delta.tables import DeltaTable
+
+    from schemas.tables import TABLES
+
+    builder = DeltaTable.create(spark).location(path).addColumns(schema)
+    for key, value in TABLES["message_outcomes"].properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
 
 
 def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
@@ -77,16 +92,18 @@ def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
     from engine.plan import policy_runs
     from engine.replay import replay_frames
     from replay.policies import parse_policy
+    from storage.lakehouse import Lakehouse
     from storage.trace_loader import read_events_spark
 
     manifest, events = read_events_spark(spark, trace)
     runs = policy_runs([parse_policy(p) for p in policy_texts], manifest)
     frames = replay_frames(spark, manifest, events, runs)
+    lakehouse = Lakehouse(out, spark, create=False)
     try:
-        frames.message_outcomes.write.format("delta").mode("overwrite").partitionBy("run_id").save(out)
+        lakehouse.replace_run("message_outcomes", [r.run_id for r in runs], frames.message_outcomes)
     finally:
         frames.release()
-    return spark.read.format("delta").load(out).count()
+    return lakehouse.read("message_outcomes").count()
 
 
 def full_replay(spark, trace: Path, policy_texts: list[str], lakehouse: str) -> int:

@@ -6,10 +6,11 @@ The job only routes, groups and writes; every rule of SPEC §3 lives in `replay/
    written; quarantined rows leave the replay;
 2. plan: policies whose routing is identical form one *route class* (`replay/families.routing_key`); the small
    fault timeline (no replication progress, no produce) is collected once for liveness-aware routing;
-3. route produce events per class (`mapInArrow`, no shuffle) and fan broker events out to the units (Kafka
-   partitions, RocketMQ broker groups) whose replicas they concern (broadcast join, no shuffle);
-4. ONE shuffle: every (class, unit)'s events to one task, sorted by time in the SPEC §2.2 order, replayed there
-   in time chunks by one chunked kernel per policy (`engine/groups.py`);
+3. route produce events per class and fan broker events out to the units (Kafka partitions, RocketMQ broker
+   groups) whose replicas they concern, in one `mapInArrow` (no shuffle) that packs each (class, unit)'s events
+   of an input batch into one row (`engine.groups.bundle_batches`);
+4. ONE shuffle of those few rows: every (class, unit)'s events to one task, sorted there by time in the SPEC
+   §2.2 order and replayed in chunks by one chunked kernel per policy (`engine.groups.run_groups`);
 5. split the kernels' output into message_outcomes, partition_states and unavailability, then hand them to
    `engine.publish` (windows, summary, output gate, Delta writes, run protocol) and MLflow.
 
@@ -150,38 +151,6 @@ def with_msg_rank(produce_df, stats: ProduceStats | None = None):
     return ordered.withColumn("msg_rank", (offset + local).cast("long")).drop("_p", "_m")
 
 
-#: The order the kernels read a task's events in: by group, then SPEC §2.2's same-instant order.
-GROUP_ORDER = ("cls", "unit", "ts_us", "kind_code", "msg_id", "broker")
-
-
-def sort_prefix(classes, duration_us: int):
-    """One long that never decreases along GROUP_ORDER's first four columns: (cls, unit, ts_us, kind_code) packed
-    as digits. Sorted first, it is the sort prefix Spark compares before it reads a row, so only events of one
-    group, instant and kind reach the full comparison of GROUP_ORDER (which the sort keeps after it): with the
-    prefix (cls) equal for nearly every event, the replay's sort compared rows column by column.
-
-    Ties are harmless (the full comparison decides), an inversion is not: a time outside the trace (an ungated
-    trace) is clamped to its ends with the kind digit at that end's extreme, and a trace too long for the packed
-    number to fit in 62 bits gets a coarser clock and no kind digit."""
-    from pyspark.sql import functions as F
-
-    from schemas.trace import KIND_LABELS
-
-    units = 1 + max((u for rc in classes for u in rc.units), default=0)
-    groups = (1 + max((rc.index for rc in classes), default=0)) * units
-    shift = 0
-    while groups * ((duration_us >> shift) + 1) * len(KIND_LABELS) >= 2**62:
-        shift += 1
-    kinds = len(KIND_LABELS) if shift == 0 else 1
-    span = (duration_us >> shift) + 1
-    ts = F.col("ts_us")
-    clock = F.shiftright(F.least(F.greatest(ts, F.lit(0)), F.lit(duration_us)), shift)
-    kind = (F.when(ts < 0, 0).when(ts > duration_us, kinds - 1).otherwise(F.col("kind_code")) if kinds > 1
-            else F.lit(0))
-    group = F.col("cls").cast("long") * units + F.col("unit")
-    return ((group * span + clock) * kinds + kind).cast("long")
-
-
 # ------------------------------------------------------------------------------------------------ the replay
 def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_ms: int = 1000,
                   digest: TraceDigest | None = None) -> ReplayFrames:
@@ -191,40 +160,32 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     from pyspark.sql import functions as F
 
     from engine.groups import (
+        BUNDLE_DDL,
         PACKED_DDL,
-        ROUTED_DDL,
+        ROUTE_INPUT_COLUMNS,
         ReplayPlan,
-        route_batches,
+        bundle_batches,
         run_groups,
     )
     from schemas.trace import Kind
 
     classes = route_classes(runs)
-    plan = ReplayPlan(manifest, classes, control_timeline(events_df, digest), window_us=window_ms * 1000)
+    plan = ReplayPlan(manifest, classes, control_timeline(events_df, digest), window_us=window_ms * 1000,
+                      feed_rows=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")))
 
     events = events_df.withColumn("kind_code", _kind_code())
-    produce_events = (events.where(F.col("kind_code") == int(Kind.PRODUCE))
-                      .select("ts_us", "msg_id", "key", "size_bytes", "producer_id"))
+    is_produce = F.col("kind_code") == int(Kind.PRODUCE)
+    produce_events = events.where(is_produce).select("ts_us", "msg_id", "key", "size_bytes", "producer_id")
     counts = digest.produce if digest is not None else produce_counts(produce_events)
-    produce = with_msg_rank(produce_events, counts)
-    routed = produce.mapInArrow(route_batches(plan), ROUTED_DDL)
-
-    # Broker events go to every unit that hosts the broker, in every class (a kernel ignores other brokers).
-    fanout = local_frame(
-        spark, [(rc.index, u, b) for rc in classes for u in rc.units for b in rc.router[1].replicas[u]],
-        "cls INT, unit INT, broker INT").dropDuplicates()
-    brokers = events.where(F.col("kind_code") != int(Kind.PRODUCE)).join(F.broadcast(fanout), "broker")
-    broker_rows = brokers.select(
-        "cls", "unit", "ts_us", "kind_code", "broker", "upto_us", F.lit(None).cast("long").alias("msg_id"),
-        F.lit(None).cast("int").alias("size_bytes"), F.lit(None).cast("string").alias("key"),
-        F.lit(None).cast("int").alias("producer_id"), F.lit(None).cast("int").alias("partition"),
-        F.lit(None).cast("long").alias("delay_us"))
+    produce = with_msg_rank(produce_events, counts).select(
+        "ts_us", F.lit(int(Kind.PRODUCE)).cast("tinyint").alias("kind_code"), F.lit(None).cast("int").alias("broker"),
+        F.lit(None).cast("long").alias("upto_us"), "msg_id", "size_bytes", "key", "producer_id", "msg_rank")
+    brokers = events.where(~is_produce).select(*ROUTE_INPUT_COLUMNS[:-1], F.lit(None).cast("long").alias("msg_rank"))
+    bundles = produce.unionByName(brokers).mapInArrow(bundle_batches(plan), BUNDLE_DDL)
 
     groups = max(1, sum(len(rc.units) for rc in classes))
     parts = replay_tasks(groups, counts.n * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
-    grouped = (routed.unionByName(broker_rows)
-               .repartition(parts, "cls", "unit")
-               .sortWithinPartitions(sort_prefix(classes, manifest.duration_us), *GROUP_ORDER))
+    grouped = bundles.repartition(parts, "cls", "unit").sortWithinPartitions("cls", "unit")
     # On disk, not in memory: the kernels' output (a row per message per policy) outgrows the heap at 10 M events
     # and 7 policies (MEMORY_AND_DISK ran out of a 4 GB heap there); read back from the page cache, the four
     # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower. Uncompressed:

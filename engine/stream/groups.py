@@ -49,13 +49,14 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
 from engine.groups import (
+    EVENT_SCHEMA,
     FINAL_ROW_TYPES,
-    GROUPED_COLUMNS,
     OUTPUT_SCHEMA,
     ReplayPlan,
     RouteClass,
     UnitReplay,
     ddl,
+    sort_events,
 )
 from replay.events import PartitionEvents
 from replay.families import RouteInput, family_of
@@ -91,8 +92,8 @@ ROUTED_SCHEMA = pa.schema([
 ])
 #: The group key. Not `cls`: pyspark builds the key as Row(**columns), whose first parameter is named cls.
 GROUP_KEY = ("class_id", "unit")
-#: What the kernels read of an event (`engine.groups.UnitReplay._events`): the batch job's grouped columns.
-EVENT_COLUMNS = tuple(c for c in GROUPED_COLUMNS if c != "cls")
+#: What the kernels read of an event (`engine.groups.EVENT_SCHEMA`, as the batch job bundles them), and the unit.
+EVENT_COLUMNS = ("unit", *EVENT_SCHEMA.names)
 #: What a group keeps of a buffered row: the event columns plus the rank (routing in state).
 BUFFER_COLUMNS = (*EVENT_COLUMNS, "msg_rank")
 BUFFER_SCHEMA = pa.schema([ROUTED_SCHEMA.field(c) for c in BUFFER_COLUMNS])
@@ -207,7 +208,7 @@ class _SourceRows:
 
 class Router:
     """Routing and fan-out of source batches, packed per group (the stream's version of the batch job's
-    `route_batches` and broadcast fan-out join)."""
+    `engine.groups.bundle_batches`, with the stream's accounting columns)."""
 
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
@@ -269,14 +270,6 @@ def unpack(blobs) -> pa.Table:
 
 
 # ------------------------------------------------------------------------------------------------ groups
-def _sort_events(table: pa.Table) -> pa.Table:
-    """SPEC §2.2 order within a group, as the batch job sorts: time, kind, msg_id, broker (then upto: stable)."""
-    if table.num_rows <= 1:
-        return table
-    return table.sort_by([("ts_us", "ascending"), ("kind_code", "ascending"), ("msg_id", "ascending"),
-                          ("broker", "ascending"), ("upto_us", "ascending")])
-
-
 def _concat(a: pa.Table | None, b: pa.Table | None) -> pa.Table | None:
     parts = [t for t in (a, b) if t is not None and t.num_rows]
     if not parts:
@@ -375,7 +368,7 @@ class GroupReplay:
             if rows is None or not rows.num_rows:
                 continue
             g = self._group(unit)
-            rows = _sort_events(rows.select(list(EVENT_COLUMNS)))
+            rows = sort_events(rows.select(list(EVENT_COLUMNS)))
             if final:
                 g.held = rows  # UnitReplay.finish feeds the held rows up to duration_us + 1
             else:

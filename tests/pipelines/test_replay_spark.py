@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +188,84 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
         assert frames.replication_bytes[run.run_id] == want_bytes, run.canonical
 
 
+def test_bundles_hold_each_message_in_its_routed_unit_and_each_broker_event_in_every_unit_hosting_it(
+        spark, generated_trace):
+    """The route stage (`engine.groups.bundle_batches`) over batches of a chaos trace, under a Kafka, a RocketMQ
+    and a DLedger class: per class, every produce event lands in exactly one bundle, of the unit and with the
+    partition and delay its family routes it to (the whole trace routed at once), and every broker event in
+    exactly the units whose replicas include the broker."""
+    from collections import Counter
+
+    from engine.groups import EVENT_SCHEMA, ROUTE_INPUT_COLUMNS, ReplayPlan, bundle_batches, unbundle
+    from engine.plan import route_classes
+    from engine.replay import control_timeline
+    from replay.families import RouteInput, family_of
+    from schemas.trace import Kind, kind_codes
+
+    manifest, events_df = read_events_spark(spark, generated_trace)
+    _, table = read_events_arrow(generated_trace)
+    runs = policy_runs([parse_policy(p) for p in ("kafka-acks1", "rocketmq-sync", "dledger-3")], manifest)
+    classes = route_classes(runs)
+    plan = ReplayPlan(manifest, classes, control_timeline(events_df), window_us=1_000_000)
+    kind = kind_codes(table.column("kind"))
+    is_produce = kind == Kind.PRODUCE
+    msg_id = table.column("msg_id").to_numpy(zero_copy_only=False)
+    lo = int(np.nanmin(np.where(is_produce, msg_id, np.nan)))
+    rank = pa.array(np.where(is_produce, np.nan_to_num(msg_id, nan=lo) - lo, 0).astype(np.int64), mask=~is_produce)
+    columns = {**{c: table.column(c) for c in ROUTE_INPUT_COLUMNS if c in table.column_names},
+               "kind_code": pa.array(kind), "msg_rank": rank}
+    trace = pa.Table.from_arrays([columns[c] for c in ROUTE_INPUT_COLUMNS], names=list(ROUTE_INPUT_COLUMNS))
+    bundles = pa.Table.from_batches(list(bundle_batches(plan)(iter(trace.to_batches(max_chunksize=700)))))
+    assert bundles.num_rows > 3 * len(classes)  # several input batches, several units each
+    got: dict[tuple[int, int], Counter] = {}
+    for cls, unit, blob in zip(*(bundles.column(c).to_pylist() for c in ("cls", "unit", "events")), strict=True):
+        events = unbundle(blob)
+        assert events.schema == EVENT_SCHEMA
+        rows = events.to_pylist()
+        got.setdefault((cls, unit), Counter()).update(tuple(r.values()) for r in rows)
+
+    produce = trace.filter(pa.array(is_produce))
+    brokers = trace.filter(pa.array(~is_produce)).to_pylist()
+    assert len(produce) > 100 and len(brokers) > 100
+    for rc in classes:
+        policy, layout = rc.router
+        routed = family_of(policy).route(policy, manifest, layout, plan.control, RouteInput(
+            produce.column("ts_us").to_numpy(), produce.column("msg_rank").to_numpy(), produce.column("key")))
+        delay = routed.delay_us if routed.delay_us is not None else np.zeros(len(produce), dtype=np.int64)
+        for unit in rc.units:
+            want = Counter()
+            for i in np.flatnonzero(routed.unit == unit):
+                r = produce.slice(int(i), 1).to_pylist()[0]
+                want[(r["ts_us"], int(Kind.PRODUCE), None, None, r["msg_id"], r["size_bytes"], r["key"],
+                      r["producer_id"], int(routed.partition[i]), int(delay[i]))] += 1
+            hosts = set(layout.replicas[unit])
+            want.update((r["ts_us"], r["kind_code"], r["broker"], r["upto_us"], None, None, r["key"],
+                         r["producer_id"], None, None) for r in brokers if r["broker"] in hosts)
+            assert got.pop((rc.index, unit), Counter()) == want, (policy.canonical(), unit)
+    assert not got  # no bundle for a group outside the plan
+
+
+def test_a_groups_events_are_sorted_in_the_spec_order(spark):
+    """`engine.groups.sort_events` orders a group's events as Spark's sort by (ts_us, kind_code, msg_id, broker,
+    upto_us) does, ascending with nulls first, whatever order its bundles arrived in."""
+    from engine.groups import EVENT_SCHEMA, sort_events
+    from schemas.trace import Kind
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for _ in range(3000):
+        ts, kind = int(rng.integers(0, 40)), int(rng.integers(0, len(Kind)))
+        if kind == Kind.PRODUCE:
+            rows.append((ts, kind, None, None, int(rng.integers(0, 10**6)), 100, "k", 1, 0, 0))
+        else:
+            rows.append((ts, kind, int(rng.integers(0, 6)), int(rng.integers(0, ts + 1)), None, None, None, None,
+                         None, None))
+    events = pa.Table.from_pylist([dict(zip(EVENT_SCHEMA.names, r, strict=True)) for r in rows], EVENT_SCHEMA)
+    ordered = sort_events(events)
+    spark_order = spark.createDataFrame(events).sort("ts_us", "kind_code", "msg_id", "broker", "upto_us")
+    assert ordered.to_pylist() == [r.asDict() for r in spark_order.collect()]
+
+
 def test_sparse_msg_ids_are_ranked_by_a_sort(spark, tmp_path):
     """Round-robin routing needs each message's rank in msg_id order; non-dense ids take the sort path."""
     from engine.replay import with_msg_rank
@@ -213,31 +290,6 @@ def test_a_large_replay_spreads_its_groups_over_more_tasks_than_shuffle_partitio
     assert replay_tasks(25, 10 * TASK_OUTCOMES, 4) == 10
     assert replay_tasks(3, 0, 4) == 3  # never more tasks than groups
     assert replay_tasks(1, 0, 0) == 1
-
-
-@pytest.mark.parametrize("duration_us", [1_000_000, 2**61], ids=["exact", "coarsened"])
-def test_the_sort_prefix_never_decreases_along_the_group_order(spark, duration_us):
-    """The packed (cls, unit, ts_us, kind_code) Spark sorts first: sorting by it and then GROUP_ORDER is sorting by
-    GROUP_ORDER, for times outside the trace too (clamped: their ties go to the full comparison), and when the
-    packed number needs a coarser clock."""
-    from types import SimpleNamespace
-
-    from engine.replay import GROUP_ORDER, sort_prefix
-
-    rng = np.random.default_rng(7)
-    n = 4000
-    times = np.concatenate([rng.integers(-5, 5, n // 4), rng.integers(duration_us - 5, duration_us + 5, n // 4),
-                            rng.integers(0, duration_us, n // 2)])
-    rows = [(int(c), int(u), int(t), int(k), int(m), int(b)) for c, u, t, k, m, b in zip(
-        rng.integers(0, 3, n), rng.integers(0, 12, n), times, rng.integers(0, 9, n), rng.integers(0, 50, n),
-        rng.integers(0, 6, n), strict=True)]
-    df = spark.createDataFrame(rows, "cls INT, unit INT, ts_us BIGINT, kind_code TINYINT, msg_id BIGINT, broker INT")
-    classes = [SimpleNamespace(index=i, units=tuple(range(12))) for i in range(3)]
-    prefix = sort_prefix(classes, duration_us)
-    assert [tuple(r) for r in df.coalesce(1).sortWithinPartitions(prefix, *GROUP_ORDER).collect()] == sorted(rows)
-    keyed = sorted((tuple(r)[:6], r["p"]) for r in df.withColumn("p", prefix).collect())
-    assert all(a[1] <= b[1] for a, b in pairwise(keyed))  # never decreases
-    assert len({p for _, p in keyed}) > n // 2  # and tells most rows apart (the point of it)
 
 
 def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
