@@ -303,9 +303,9 @@ class UnitReplay:
 
 
 def replay_group(plan: ReplayPlan, rc: RouteClass, unit: int, blobs: list[pa.Buffer]) -> Iterator[pa.RecordBatch]:
-    """One (class, unit)'s bundled events (EVENT_SCHEMA IPC record batches, any order) replayed under every policy
-    of the class → OUTPUT_SCHEMA batches."""
-    events = sort_events(pa.concat_tables([unbundle(b) for b in blobs]).combine_chunks())
+    """One (class, unit)'s `bundle`s (in any order) replayed under every policy of the class → OUTPUT_SCHEMA
+    batches."""
+    events = sort_events(pa.concat_tables([unbundle(b) for b in blobs]))
     group = UnitReplay(plan, rc, unit)
     for a in range(0, events.num_rows, plan.feed_rows):
         group.feed(events.slice(a, plan.feed_rows))
