@@ -177,10 +177,13 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     is_produce = F.col("kind_code") == int(Kind.PRODUCE)
     produce_events = events.where(is_produce).select("ts_us", "msg_id", "key", "size_bytes", "producer_id")
     counts = digest.produce if digest is not None else produce_counts(produce_events)
+    # The route stage's rows (ROUTE_INPUT_COLUMNS): produce rows with their rank, broker rows with none.
+    produce_fill = {"kind_code": F.lit(int(Kind.PRODUCE)).cast("tinyint"), "broker": F.lit(None).cast("int"),
+                    "upto_us": F.lit(None).cast("long")}
     produce = with_msg_rank(produce_events, counts).select(
-        "ts_us", F.lit(int(Kind.PRODUCE)).cast("tinyint").alias("kind_code"), F.lit(None).cast("int").alias("broker"),
-        F.lit(None).cast("long").alias("upto_us"), "msg_id", "size_bytes", "key", "producer_id", "msg_rank")
-    brokers = events.where(~is_produce).select(*ROUTE_INPUT_COLUMNS[:-1], F.lit(None).cast("long").alias("msg_rank"))
+        *[produce_fill[c].alias(c) if c in produce_fill else c for c in ROUTE_INPUT_COLUMNS])
+    brokers = events.where(~is_produce).select(
+        *[F.lit(None).cast("long").alias(c) if c == "msg_rank" else c for c in ROUTE_INPUT_COLUMNS])
     bundles = produce.unionByName(brokers).mapInArrow(bundle_batches(plan), BUNDLE_DDL)
 
     groups = max(1, sum(len(rc.units) for rc in classes))
