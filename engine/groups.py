@@ -1,7 +1,7 @@
 """Executor side of the replay: the two Arrow functions the Spark job maps over its data.
 
 `bundle_batches` routes produce events (per routing class) and fans broker events out to the units that host the
-broker, packing each (class, unit)'s events of an input batch into one row (an Arrow IPC record batch).
+broker, packing each (class, unit)'s events of an input batch into one row (`bundle`: an LZ4 Arrow IPC stream).
 `run_groups` receives a Spark partition's bundles sorted by (class, unit), sorts each group's events into SPEC
 §2.2's order and replays them in chunks, feeding each chunk to one chunked kernel per policy of the class
 (`replay/kernels/`): memory holds one group's events and the kernels' carried state. Outputs are one Arrow schema
@@ -174,7 +174,7 @@ def unbundle(blob: pa.Buffer | bytes) -> pa.Table:
 
 
 def _blobs_by_unit(events: pa.RecordBatch, unit: np.ndarray, cls: int, out: list[tuple[int, int, bytes]]) -> None:
-    """`events` split by `unit` (one IPC record batch per unit present), appended to `out` as (cls, unit, blob)."""
+    """`events` split by `unit` (one `bundle` per unit present), appended to `out` as (cls, unit, bundle)."""
     order = np.argsort(unit, kind="stable")
     sorted_units = unit[order]
     starts = np.flatnonzero(np.r_[True, sorted_units[1:] != sorted_units[:-1]])
