@@ -75,16 +75,16 @@ def floor_job(spark, trace: Path, out: str) -> int:
 
 
 def _outcomes_like_table(spark, path: str, schema) -> None:
-    """A new Delta table with message_outcomes' properties (`schemas.tables`: which columns get file statistics,
-    compaction), so that the floor writes its rows as the replay writes its outcomes."""
-    from delta.tables import DeltaTable
+    """A new Delta table of `schema` with message_outcomes' properties (`schemas.tables`: which columns get file
+    statistics, compaction), so that the floor writes its rows as the replay writes its outcomes."""
+    from dataclasses import replace
 
     from schemas.tables import TABLES
+    from storage.lakehouse import create_table
 
-    builder = DeltaTable.create(spark).location(path).addColumns(schema)
-    for key, value in TABLES["message_outcomes"].properties.items():
-        builder = builder.property(key, value)
-    builder.execute()
+    ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+    create_table(spark, path, replace(TABLES["message_outcomes"], name="floor", ddl=ddl, partition_by=(),
+                                      description="the bench's floor: one row per message"))
 
 
 def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:

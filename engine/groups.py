@@ -173,14 +173,19 @@ def unbundle(blob: pa.Buffer | bytes) -> pa.Table:
     return pa.ipc.open_stream(blob).read_all()
 
 
-def _blobs_by_unit(events: pa.RecordBatch, unit: np.ndarray, cls: int, out: list[tuple[int, int, bytes]]) -> None:
-    """`events` split by `unit` (one `bundle` per unit present), appended to `out` as (cls, unit, bundle)."""
-    order = np.argsort(unit, kind="stable")
-    sorted_units = unit[order]
-    starts = np.flatnonzero(np.r_[True, sorted_units[1:] != sorted_units[:-1]])
+def split_by(rows: pa.RecordBatch, keys: np.ndarray) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """`rows` split by `keys` (one value per row): (key, its rows in their order) per distinct key, ascending; one
+    argsort for all keys (a filter per key read every row once per key). The batch itself when it has one key."""
+    if not len(keys):
+        return
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    if len(starts) == 1:
+        yield int(sorted_keys[0]), rows
+        return
     for a, b in pairwise([*starts.tolist(), len(order)]):
-        part = events.take(pa.array(order[a:b]))
-        out.append((cls, int(sorted_units[a]), bundle(part)))
+        yield int(sorted_keys[a]), rows.take(pa.array(order[a:b]))
 
 
 def bundle_batches(plan: ReplayPlan):
@@ -215,7 +220,8 @@ def bundle_batches(plan: ReplayPlan):
                     produce_events = pa.RecordBatch.from_arrays(
                         [*(produce.column(c) for c in _FROM_TRACE), pa.array(routed.partition.astype(np.int32)),
                          pa.array(delay.astype(np.int64))], schema=EVENT_SCHEMA)
-                    _blobs_by_unit(produce_events, np.asarray(routed.unit, dtype=np.int64), rc.index, out)
+                    out.extend((rc.index, u, bundle(part)) for u, part in
+                               split_by(produce_events, np.asarray(routed.unit, dtype=np.int64)))
                 for u, replicas in hosts[rc.index]:
                     rows = np.flatnonzero(np.isin(broker_ids, replicas))
                     if len(rows):

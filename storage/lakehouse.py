@@ -52,6 +52,19 @@ _CREATE_RACE_MARKERS = ("DELTA_TABLE_NOT_FOUND", "FileAlreadyExistsException", "
                         "DELTA_CREATE_TABLE_WITH_DIFFERENT", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
 
 
+def create_table(spark, path: str, spec: TableSpec) -> None:
+    """The Delta table `spec` declares (schema, partitioning, properties, comment) at `path`, unless one is there."""
+    from delta.tables import DeltaTable
+
+    builder = (DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.spark_schema())
+               .comment(spec.description))
+    if spec.partition_by:
+        builder = builder.partitionedBy(*spec.partition_by)
+    for key, value in spec.properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
 def _retryable(exc: BaseException, *, creating: bool = False) -> bool:
     """Delta's conflicts that a fresh attempt resolves (another writer committed first)."""
     from delta.exceptions import DeltaConcurrentModificationException
@@ -202,16 +215,7 @@ class Lakehouse:
             self._ready.add(spec.name)
             return
 
-        def create() -> None:
-            builder = (DeltaTable.createIfNotExists(self.spark).location(path)
-                       .addColumns(spec.spark_schema()).comment(spec.description))
-            if spec.partition_by:
-                builder = builder.partitionedBy(*spec.partition_by)
-            for key, value in spec.properties.items():
-                builder = builder.property(key, value)
-            builder.execute()
-
-        with_retries(create, f"create {spec.name}", creating=True)
+        with_retries(lambda: create_table(self.spark, path, spec), f"create {spec.name}", creating=True)
         self._created.add(spec.name)
         self._ready.add(spec.name)
 

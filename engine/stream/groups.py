@@ -57,6 +57,7 @@ from engine.groups import (
     UnitReplay,
     ddl,
     sort_events,
+    split_by,
 )
 from replay.events import PartitionEvents
 from replay.families import RouteInput, family_of
@@ -249,13 +250,9 @@ class Router:
         """Source rows (source.EVENT_SOURCE_SCHEMA) → one PACKED_SCHEMA row per group they go to."""
         classes, units, max_ts, blobs = [], [], [], []
         for rb in self._routed(_SourceRows(self.plan, batch, self.labels)):
-            unit = rb.column("unit").to_numpy()
-            distinct = np.unique(unit)
-            parts = [(distinct[0], rb)] if len(distinct) == 1 else \
-                [(u, rb.filter(pa.array(unit == u))) for u in distinct]
-            for u, part in parts:
+            for u, part in split_by(rb, rb.column("unit").to_numpy()):
                 classes.append(int(rb.column("class_id")[0].as_py()))
-                units.append(int(u))
+                units.append(u)
                 max_ts.append(int(pc.max(part.column("ts_us")).as_py()))
                 blobs.append(part.serialize().to_pybytes())
         return pa.RecordBatch.from_arrays([pa.array(classes, pa.int32()), pa.array(units, pa.int32()),

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark import StorageLevel
 
 from engine import metrics
@@ -265,6 +267,21 @@ def test_a_groups_events_are_sorted_in_the_spec_order(spark):
     spark_order = spark.createDataFrame(events).sort("ts_us", "kind_code", "msg_id", "broker", "upto_us")
     assert ordered.to_pylist() == [r.asDict() for r in spark_order.collect()]
 
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 5), max_size=60))
+def test_split_by_gives_each_key_its_rows_in_their_order(keys):
+    """`engine.groups.split_by` (the batch bundles' and the stream's split by unit): each distinct key once,
+    ascending, with exactly its rows in their original order."""
+    from engine.groups import split_by
+
+    rows = pa.RecordBatch.from_arrays([pa.array(keys, pa.int64()), pa.array(range(len(keys)), pa.int64())],
+                                      names=["key", "row"])
+    parts = list(split_by(rows, np.array(keys, dtype=np.int64)))
+    assert [k for k, _ in parts] == sorted(set(keys))
+    for k, part in parts:
+        assert part.column("row").to_pylist() == [i for i, x in enumerate(keys) if x == k]
+        assert set(part.column("key").to_pylist()) == {k}
 
 def test_sparse_msg_ids_are_ranked_by_a_sort(spark, tmp_path):
     """Round-robin routing needs each message's rank in msg_id order; non-dense ids take the sort path."""
