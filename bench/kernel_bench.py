@@ -1,9 +1,11 @@
-"""Kernel benchmark (SPEC §10: ≥ 10 M trace events/s per core on a steady trace, and ≥ 50× the reference
-interpreter on every scenario), for every preset.
+"""Kernel benchmark (SPEC §10: ≥ 10 M trace events/s per core on a steady trace, and ≥ 200× the reference
+interpreter's events/s on every scenario), for every preset.
 
     python -m bench.kernel_bench                          # steady-state at --scale 1 (≈1.7 M events), all presets
     python -m bench.kernel_bench --scale 2 --reference-scale 0.2 --json out.json
-    python -m bench.kernel_bench --every-scenario         # kernel/reference on every library scenario
+    python -m bench.kernel_bench --every-scenario         # kernel/reference on every library scenario, both on
+                                                          # the scenario at --reference-scale
+    python -m bench.kernel_bench --every-scenario --kernel-events 1e6   # the kernels at about 1 M events each
 
 Traces are the library's `steady-state` scenario (6 brokers, 5000 keyed msg/s, GC pauses; events grow with
 scale²) generated in-process, and `dledger5-double-failure` (faults). No Spark: this measures the engines alone,
@@ -107,6 +109,9 @@ def time_reference(policy, manifest, table) -> float:
 def bench(trace: str, scale: float, reference_scale: float | None, policies=POLICIES, repeat: int = 3
           ) -> list[Row]:
     manifest, table = load_trace(trace, 1, scale)
+    if not table.num_rows:
+        print(f"{trace:24s} no events at scale {scale:g}", flush=True)
+        return []
     small = load_trace(trace, 1, reference_scale) if reference_scale else None
     rows = []
     for text in policies:
@@ -147,18 +152,33 @@ def main() -> None:
     ap.add_argument("--traces", default="steady-state,dledger5-double-failure")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated presets (default: all)")
     ap.add_argument("--every-scenario", action="store_true",
-                    help="kernel/reference speedup on every library scenario (at --reference-scale)")
+                    help="kernel/reference on every library scenario: the kernels at --kernel-events if given, "
+                         "the reference at --reference-scale")
+    ap.add_argument("--kernel-events", type=float, default=None,
+                    help="--every-scenario: each scenario's kernel trace at the scale giving about this many events "
+                         "(default: the reference's trace; 1e6 takes about an hour)")
     ap.add_argument("--repeat", type=int, default=3, help="kernel runs per figure; the lowest is reported")
     ap.add_argument("--json")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}")
     if args.every_scenario:
-        from generators.library import scenario_files
+        from bench.generate_bench import scale_for
+        from generators.library import resolve_scenario, scenario_files
 
-        rows = [r for t in sorted(scenario_files()) for r in bench(t, args.reference_scale, args.reference_scale,
-                                                                  SPEEDUP_POLICIES, args.repeat)]
+        # A scenario's own scale is a few thousand events, where a kernel call's fixed cost (Python around the
+        # compiled loop, the control points) is most of its time: its events/s are measured at a throughput size,
+        # the reference's on the small trace, as on the steady trace (issue 15: the ratio of the two rates).
+        def kernel_scale(name: str) -> float:
+            if not args.kernel_events:
+                return args.reference_scale
+            return max(args.reference_scale, scale_for(resolve_scenario(name), int(args.kernel_events)))
+
+        rows = [r for t in sorted(scenario_files())
+                for r in bench(t, kernel_scale(t), args.reference_scale, SPEEDUP_POLICIES, args.repeat)]
+        lowest = min(rows, key=lambda r: r.rate_ratio or float("inf"))
         slowest = min(rows, key=lambda r: r.speedup or float("inf"))
-        print(f"smallest kernel/reference speedup: {slowest.speedup:.0f}x ({slowest.trace}, {slowest.policy})")
+        print(f"lowest rate ratio: {lowest.rate_ratio:.0f}x ({lowest.trace}, {lowest.policy}); smallest speedup on "
+              f"the reference's trace: {slowest.speedup:.0f}x ({slowest.trace}, {slowest.policy})")
     else:
         rows = [r for t in args.traces.split(",")
                 for r in bench(t, args.scale, args.reference_scale, tuple(args.policies.split(",")), args.repeat)]
