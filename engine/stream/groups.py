@@ -81,13 +81,13 @@ FILLS = {"broker": -1, "msg_id": 0, "size_bytes": 0, "producer_id": -1, "upto_us
 #: What routing hands to the groups: one row per (group, source batch), the group's events of that batch packed as
 #: an Arrow IPC record batch (ROUTED_SCHEMA). Spark then shuffles, sorts and converts a few rows per group and
 #: micro-batch instead of one per event (transformWithStateInPandas would turn every event into a pandas row).
-PACKED_DDL = "class_id INT, unit INT, max_ts_us BIGINT, events BINARY"
 PACKED_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("max_ts_us", pa.int64()),
                            ("events", pa.binary())])
+PACKED_DDL = ddl(PACKED_SCHEMA)
+#: A group's routed events: the batch job's event columns (`engine.groups.EVENT_SCHEMA`) between the group key and
+#: the stream's own columns (the rank for routing in state, and the accounting of each source row).
 ROUTED_SCHEMA = pa.schema([
-    ("class_id", pa.int32()), ("unit", pa.int32()), ("ts_us", pa.int64()), ("kind_code", pa.int8()),
-    ("broker", pa.int32()), ("upto_us", pa.int64()), ("msg_id", pa.int64()), ("size_bytes", pa.int32()),
-    ("key", pa.string()), ("producer_id", pa.int32()), ("partition", pa.int32()), ("delay_us", pa.int64()),
+    ("class_id", pa.int32()), ("unit", pa.int32()), *EVENT_SCHEMA,
     ("msg_rank", pa.int64()), ("is_primary", pa.bool_()), ("null_mask", pa.int8()), ("file_idx", pa.int32()),
     ("row", pa.int64()),
 ])
