@@ -731,20 +731,27 @@ def _away_at(faults: list[tuple[int, Kind, int]]):
 def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
     """(ts_us, broker, upto_us) from the samples: one per follower sample (module docstring).
 
-    A follower whose log end is LEO in a partition holds every record below LEO: everything its leader appended
-    before the record at offset LEO (LogAppendTime, ms), or everything up to the sample if there is none yet.
+    A follower whose log end is LEO in a partition holds every record below LEO and not the record at LEO. The
+    trace gives messages their send instants (SPEC §12: produce events as sent) and SPEC §2 reads upto_us as
+    "every message its leader appended at or before it", so upto_us is the instant of the record at offset
+    LEO − 1 µs (`_instant`), capped at the sample. Its LogAppendTime (ms) says which record held offset LEO at
+    the sample (offsets are reused after a truncation): the latest appended by then, else the next one to come.
+    The append time alone trails the send by the request's trip, so a record the follower lacked could read as
+    held (a CI run predicted no acked loss under acks=1 where the cluster lost the one record a late fetch left).
     The broker's upto_us is the minimum over the partitions it follows (of every topic: a follower fetches all
     of them from a leader in one request, so they share a position in time). Records truncated later are known
     from the producers' delivery reports (offset and append time), the others from the verifying consumer.
     """
-    known: dict[tuple[str, int, int], list[int]] = defaultdict(list)  # (topic, partition, offset) -> [append_us]
+    # (topic, partition, offset) -> [(append_us, instant_us)] of every record seen at that offset
+    known: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
     for i, deliveries in enumerate(rec.deliveries):
         for mid, d in deliveries.items():
             if d.offset is not None and d.append_ms is not None:
-                known[(topic_of(i), rec.partition[i][mid], d.offset)].append(d.append_ms * 1000 - rec.t0_us)
+                known[(topic_of(i), rec.partition[i][mid], d.offset)].append(
+                    _instant(d.append_ms * 1000 - rec.t0_us, rec.sent_us[mid]))
     for i, reads in enumerate(rec.reads):
-        for _, (p, off, ms) in reads.items():
-            known[(topic_of(i), p, off)].append(ms * 1000 - rec.t0_us)
+        for mid, (p, off, ms) in reads.items():
+            known[(topic_of(i), p, off)].append(_instant(ms * 1000 - rec.t0_us, rec.sent_us[mid]))
     replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
     away = _away_at(rec.state_faults())
 
@@ -763,16 +770,38 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
             if not leaders:
                 continue  # no reachable leader: nothing to fetch from (SPEC §2.2)
             follows = True
-            # The record at offset LEO as it was at the sample: appended at or before it (the latest such).
-            cands = [a for a in known.get((*key, leo), []) if a <= s.ts_us]
-            if cands:
-                upto = min(upto, max(cands) - 1)
+            at_leo = _record_at(known.get((*key, leo), []), s.ts_us)
+            if at_leo is not None:
+                upto = min(upto, at_leo - 1)
         if not follows:
             continue
         upto = max(0, min(upto, s.ts_us), last.get(s.broker, 0))
         last[s.broker] = upto
         out.append((s.ts_us, s.broker, upto))
     return out
+
+
+#: A record that reached its leader later than this after its send was held back by its producer, not delayed
+#: on the way: the idempotent acks=all producer keeps at most 5 requests in flight, each waiting for a follower
+#: fetch (up to fetch_interval_ms), so under load its records reach the leader seconds after their send.
+HELD_BACK_US = 100_000
+
+
+def _instant(append_us: int, sent_us: int) -> tuple[int, int]:
+    """(append_us, the record's instant for upto_us). The instant is its send, the time the trace gives it, unless
+    its producer held it back (HELD_BACK_US): the leader had no such record then, and its followers share one
+    upto_us with every other topic's (one trace serves every policy), so a follower of that topic would read as
+    seconds behind the records it had in the others. Then the instant is its append time − HELD_BACK_US."""
+    return append_us, max(sent_us, append_us - HELD_BACK_US)
+
+
+def _record_at(records: list[tuple[int, int]], ts_us: int) -> int | None:
+    """The instant of the record at one offset as of ts_us, from every (append_us, instant_us) seen there: the
+    latest appended by then, else the first appended after (the follower is caught up and that record is next)."""
+    before = [r for r in records if r[0] <= ts_us]
+    if before:
+        return max(before)[1]
+    return min(records)[1] if records else None
 
 
 def write_trace(rec: Recording, out: Path) -> Manifest:

@@ -1,0 +1,64 @@
+"""The recorder's replicate events from the followers' log ends (`testbed.record.replicate_events`). No cluster:
+a scripted recording where every record reaches its leader 0.8-1.6 ms after it was sent, as on a busy host."""
+
+from __future__ import annotations
+
+from testbed.record import HELD_BACK_US, Delivery, Recording, Sample, replicate_events, topic_of
+
+TOPIC = topic_of(0)
+#: msg_id -> (sent µs, offset, LogAppendTime ms); the clock starts at 0
+RECORDS = {10: (1_000, 0, 2), 11: (5_000, 1, 6), 12: (8_200, 2, 9), 13: (9_800, 3, 11)}
+
+
+def _recording(samples: list[Sample]) -> Recording:
+    rec = Recording(schedule=None, policies=[], t0_us=0)
+    rec.sent_us = {m: sent for m, (sent, _, _) in RECORDS.items()}
+    rec.partition = [dict.fromkeys(RECORDS, 0)]
+    rec.deliveries = [{m: Delivery(sent + 2_000, None, off, ms) for m, (sent, off, ms) in RECORDS.items()}]
+    rec.reads = [{}]
+    rec.replicas = [{0: (0, 1, 2)}]
+    rec.samples = [Sample(0, 0, {(TOPIC, 0): 0}, {(TOPIC, 0)}), *samples]
+    return rec
+
+
+def _upto(samples: list[Sample]) -> dict[int, int]:
+    return {b: upto for _, b, upto in replicate_events(_recording(samples))}
+
+
+def test_a_follower_short_of_a_record_holds_nothing_sent_from_that_record_on():
+    # Broker 1 holds offsets 0-1; offset 2 (sent at 8.2 ms, appended at 9.x ms) it lacks. Its append time − 1 µs
+    # (8 999) would count the record as held, and an acks=1 crash here would predict no loss where Kafka loses it.
+    upto = _upto([Sample(10_000, 1, {(TOPIC, 0): 2}, set())])
+    assert upto == {1: 8_199}
+    assert RECORDS[11][0] <= upto[1] < RECORDS[12][0]
+
+
+def test_a_caught_up_follower_lacks_the_record_still_on_its_way():
+    # Broker 2 holds offsets 0-2 at 10 ms; offset 3 was sent at 9.8 ms and reached the leader after the sample.
+    upto = _upto([Sample(10_000, 2, {(TOPIC, 0): 3}, set())])
+    assert upto == {2: 9_799}
+
+
+def test_a_follower_past_every_known_record_is_caught_up_at_the_sample():
+    upto = _upto([Sample(12_000, 1, {(TOPIC, 0): 4}, set())])
+    assert upto == {1: 12_000}
+
+
+def test_a_reused_offset_reads_as_the_record_there_at_the_sample():
+    # After a truncation offset 3 held another record (msg 14, sent at 20 ms, appended at 21 ms): a sample at 30 ms
+    # with log end 3 lacks msg 14, a sample at 10 ms lacks msg 13.
+    rec = _recording([Sample(10_000, 1, {(TOPIC, 0): 3}, set()), Sample(30_000, 2, {(TOPIC, 0): 3}, set())])
+    rec.sent_us[14] = 20_000
+    rec.partition[0][14] = 0
+    rec.reads = [{14: (0, 3, 21)}]
+    assert {b: upto for _, b, upto in replicate_events(rec)} == {1: 9_799, 2: 19_999}
+
+
+def test_a_record_its_producer_held_back_counts_from_its_append():
+    # msg 15 was sent at 12 ms and queued by its (acks=all) producer until 7.05 s: a follower short of it at 7.5 s
+    # holds everything sent before it reached the leader, less HELD_BACK_US, not only what was sent before 12 ms.
+    rec = _recording([Sample(7_500_000, 1, {(TOPIC, 0): 4}, set())])
+    rec.sent_us[15] = 12_000
+    rec.partition[0][15] = 0
+    rec.deliveries[0][15] = Delivery(8_000_000, None, 4, 7_050)
+    assert {b: upto for _, b, upto in replicate_events(rec)} == {1: 7_050_000 - HELD_BACK_US - 1}
