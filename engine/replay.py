@@ -101,11 +101,11 @@ def _kind_code():
 
 
 #: Message outcomes (messages × policies) a replay task holds at least before a replay uses more tasks than
-#: spark.sql.shuffle.partitions. The (class, unit) groups are hashed into the tasks: a few tasks are of unequal
-#: size, and the last runs alone: all 16 presets at 10 M events kept 1.57 of 2 cores busy in 4 tasks (632.8 s),
-#: and took 541.8 s (857.8 CPU-s, was 991.5) in one task per group (25). A task costs about 0.7 CPU-s of its own
-#: (1 M events x 16 presets: 53.6 s, 100.9 CPU-s in 4 tasks; 60.4 s, 116.5 CPU-s in 25), small against replaying
-#: 4 M outcomes (about 26 CPU-s).
+#: spark.sql.shuffle.partitions. In 4 tasks the last ran alone: all 16 presets at 10 M events kept 1.57 of 2 cores
+#: busy (632.8 s), and took 541.8 s (857.8 CPU-s, was 991.5) in one task per group (25). A task costs about 0.7
+#: CPU-s of its own (1 M events x 16 presets: 53.6 s, 100.9 CPU-s in 4 tasks; 60.4 s, 116.5 CPU-s in 25), small
+#: against replaying 4 M outcomes (about 26 CPU-s). The groups are placed by expected work (`place_groups`): hashed,
+#: 25 groups left some of 25 tasks empty and gave others two heavy groups (45 s tasks running alone at the end).
 TASK_OUTCOMES = 4_000_000
 
 
@@ -113,6 +113,15 @@ def replay_tasks(groups: int, outcomes: int, shuffle_partitions: int) -> int:
     """How many tasks replay the (class, unit) groups: spark.sql.shuffle.partitions, more for a large replay (one
     per TASK_OUTCOMES outcomes), never more than the groups."""
     return max(1, min(groups, max(shuffle_partitions, outcomes // TASK_OUTCOMES)))
+
+
+def task_of(placed: dict[tuple[int, int], int]):
+    """A column: each BUNDLE_SCHEMA row's replay task from `engine.groups.place_groups`."""
+    from pyspark.sql import functions as F
+
+    key = F.col("cls").cast("long") * (1 << 32) + F.col("unit").cast("long")
+    pairs = [x for (cls, unit), task in sorted(placed.items()) for x in (F.lit((cls << 32) + unit), F.lit(task))]
+    return F.element_at(F.create_map(*pairs), key).cast("int")
 
 
 def produce_counts(produce_df) -> ProduceStats:
@@ -165,6 +174,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         ROUTE_INPUT_COLUMNS,
         ReplayPlan,
         bundle_batches,
+        place_groups,
         run_groups,
     )
     from schemas.trace import Kind
@@ -188,7 +198,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
 
     groups = max(1, sum(len(rc.units) for rc in classes))
     parts = replay_tasks(groups, counts.n * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
-    grouped = bundles.repartition(parts, "cls", "unit").sortWithinPartitions("cls", "unit")
+    grouped = bundles.repartitionById(parts, task_of(place_groups(classes, parts))).sortWithinPartitions("cls", "unit")
     # On disk, not in memory: the kernels' output (a row per message per policy) outgrows the heap at 10 M events
     # and 7 policies (MEMORY_AND_DISK ran out of a 4 GB heap there); read back from the page cache, the four
     # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower. Uncompressed:

@@ -309,6 +309,63 @@ def test_a_large_replay_spreads_its_groups_over_more_tasks_than_shuffle_partitio
     assert replay_tasks(1, 0, 0) == 1
 
 
+def _classes(shape: list[tuple[int, int]]):
+    """RouteClass per (policies, units), with real Layouts."""
+    from engine.groups import RouteClass
+    from replay.families import Layout
+
+    out = []
+    for c, (policies, units) in enumerate(shape):
+        layout = Layout(tuple(range(units)), {u: (0,) for u in range(units)}, 1, 1.0)
+        out.append(RouteClass(c, [(c * 10 + j, None, layout) for j in range(policies)]))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 7), st.integers(1, 12)), min_size=1, max_size=6), st.integers(1, 40))
+def test_groups_are_placed_longest_first_on_the_least_loaded_task(shape, tasks):
+    """`engine.groups.place_groups`: every group on one task in range; no task's expected work exceeds another's by
+    more than the heaviest group (LPT); with a task per group, one group per task, heaviest on the lowest task."""
+    from engine.groups import place_groups
+
+    classes = _classes(shape)
+    weight = {(c, u): p / n for c, (p, n) in enumerate(shape) for u in range(n)}
+    placed = place_groups(classes, tasks)
+    assert set(placed) == set(weight) and set(placed.values()) <= set(range(tasks))
+    load = [sum(w for g, w in weight.items() if placed[g] == t) for t in range(tasks)]
+    if tasks <= len(weight):
+        assert max(load) - min(load) <= max(weight.values()) + 1e-9
+    else:
+        assert sorted(placed.values()) == list(range(len(weight)))
+    if tasks >= len(weight):
+        by_task = sorted(placed, key=placed.get)
+        assert [weight[g] for g in by_task] == sorted(weight.values(), reverse=True)
+
+
+def test_each_replay_task_holds_the_groups_placed_on_it(spark):
+    """The placement reaches Spark: rows of (cls, unit) repartitioned by `engine.replay.task_of` land in the task
+    `place_groups` chose, for the 16 presets' 25 groups of `steady-state` at a task per group and at 4 tasks."""
+    from pyspark.sql import functions as F
+
+    from engine.groups import place_groups
+    from engine.plan import route_classes
+    from engine.replay import task_of
+    from generators.library import resolve_scenario
+    from schemas.trace import Manifest
+
+    manifest = Manifest("t", tuple(resolve_scenario("steady-state").brokers), 60_000_000)
+    classes = route_classes(policy_runs([pol for _, pol in all_presets()], manifest))
+    groups = [(rc.index, u) for rc in classes for u in rc.units]
+    assert len(groups) == 25
+    rows = spark.createDataFrame([(c, u, i) for i in range(3) for c, u in groups], "cls INT, unit INT, n INT")
+    for tasks in (25, 4):
+        placed = place_groups(classes, tasks)
+        got = (rows.repartitionById(tasks, task_of(placed)).select("cls", "unit", F.spark_partition_id().alias("t"))
+               .distinct().collect())
+        assert {(r["cls"], r["unit"]): r["t"] for r in got} == placed
+        assert len(got) == len(groups)
+
+
 def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
     """The batch replay persists its output rows with the other row types' columns in one struct (`packed`), null
     in a message row; read back (`unpacked`), every row type has the columns and values it was made with."""
