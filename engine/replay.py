@@ -120,7 +120,8 @@ def task_of(placed: dict[tuple[int, int], int]):
     from pyspark.sql import functions as F
 
     key = F.col("cls").cast("long") * (1 << 32) + F.col("unit").cast("long")
-    pairs = [x for (cls, unit), task in sorted(placed.items()) for x in (F.lit((cls << 32) + unit), F.lit(task))]
+    pairs = [x for (cls, unit), task in sorted(placed.items())
+             for x in (F.lit((cls << 32) + unit).cast("long"), F.lit(task))]
     return F.element_at(F.create_map(*pairs), key).cast("int")
 
 
