@@ -17,8 +17,8 @@ What is recorded:
   leads nothing, exit, RUNNING, listed in the metadata) go to comparison.json;
 - `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
   rule 5: a follower holding offsets < LEO holds every message its leader appended before the record at
-  offset LEO, so upto_us = that record's LogAppendTime − 1 µs, or the sample instant when it is caught up;
-  see `replicate_events`);
+  offset LEO, so upto_us = that record's send instant − 1 µs (its append time − HELD_BACK_US if its producer
+  held it back), at most the sample instant; see `replicate_events`);
 - per policy and message: the delivery report (status, error, ack instant, offset, LogAppendTime) and whether
   the verifying consumer read it after every fault healed and every broker came back (fate).
 

@@ -1,5 +1,5 @@
 """The recorder's replicate events from the followers' log ends (`testbed.record.replicate_events`). No cluster:
-a scripted recording where every record reaches its leader 0.8-1.6 ms after it was sent, as on a busy host."""
+a scripted recording where every record reaches its leader 0.8-2.2 ms after it was sent, as on a busy host."""
 
 from __future__ import annotations
 
