@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from engine.groups import RouteClass
     from replay.families import Layout
     from replay.policies import Policy
     from storage.report_data import RunViews
@@ -116,6 +117,23 @@ def route_classes(runs: Sequence[PolicyRun]):
             classes[key] = RouteClass(len(classes), [])
         classes[key].members.append((r.index, r.policy, r.layout))
     return list(classes.values())
+
+
+def place_groups(classes: Sequence[RouteClass], tasks: int) -> dict[tuple[int, int], int]:
+    """Each (class, unit) group's replay task: heaviest group first onto the least-loaded task (LPT), ties to the
+    lowest task. A group's expected work is its class's policies over its class's units (its share of the trace's
+    messages, replayed once per policy). Spark starts a stage's tasks in index order, so with a task per group
+    the heaviest start first and the last to run are the lightest; a hash of (class, unit) put two groups on some
+    tasks and none on others, and at 10 M events whole tasks then ran alone at the end (bench/HISTORY.md)."""
+    groups = sorted(((len(rc.members) / max(1, len(rc.units)), rc.index, u) for rc in classes for u in rc.units),
+                    key=lambda g: (-g[0], g[1], g[2]))
+    load = [0.0] * max(1, tasks)
+    placed = {}
+    for weight, cls, unit in groups:
+        task = min(range(len(load)), key=lambda t: (load[t], t))
+        load[task] += weight
+        placed[(cls, unit)] = task
+    return placed
 
 
 def run_infos(runs: Sequence[PolicyRun], manifest, replication_bytes: dict[str, int]):

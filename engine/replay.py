@@ -32,6 +32,7 @@ from engine.plan import (
     PolicyRun,
     ReplayReport,
     ReplayRequest,
+    place_groups,
     policy_runs,
     route_classes,
     run_infos,
@@ -116,7 +117,7 @@ def replay_tasks(groups: int, outcomes: int, shuffle_partitions: int) -> int:
 
 
 def task_of(placed: dict[tuple[int, int], int]):
-    """A column: each BUNDLE_SCHEMA row's replay task from `engine.groups.place_groups`."""
+    """A column: each BUNDLE_SCHEMA row's replay task from `engine.plan.place_groups`."""
     from pyspark.sql import functions as F
 
     key = F.col("cls").cast("long") * (1 << 32) + F.col("unit").cast("long")
@@ -175,7 +176,6 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
         ROUTE_INPUT_COLUMNS,
         ReplayPlan,
         bundle_batches,
-        place_groups,
         run_groups,
     )
     from schemas.trace import Kind

@@ -324,9 +324,9 @@ def _classes(shape: list[tuple[int, int]]):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 7), st.integers(1, 12)), min_size=1, max_size=6), st.integers(1, 40))
 def test_groups_are_placed_longest_first_on_the_least_loaded_task(shape, tasks):
-    """`engine.groups.place_groups`: every group on one task in range; no task's expected work exceeds another's by
+    """`engine.plan.place_groups`: every group on one task in range; no task's expected work exceeds another's by
     more than the heaviest group (LPT); with a task per group, one group per task, heaviest on the lowest task."""
-    from engine.groups import place_groups
+    from engine.plan import place_groups
 
     classes = _classes(shape)
     weight = {(c, u): p / n for c, (p, n) in enumerate(shape) for u in range(n)}
@@ -347,8 +347,7 @@ def test_each_replay_task_holds_the_groups_placed_on_it(spark):
     `place_groups` chose, for the 16 presets' 25 groups of `steady-state` at a task per group and at 4 tasks."""
     from pyspark.sql import functions as F
 
-    from engine.groups import place_groups
-    from engine.plan import route_classes
+    from engine.plan import place_groups, route_classes
     from engine.replay import task_of
     from generators.library import resolve_scenario
     from schemas.trace import Manifest
