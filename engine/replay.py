@@ -339,6 +339,25 @@ def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
         out.write_text(json.dumps(report.summary_json(), indent=1) + "\n")
 
 
+#: A replay of at most this many message outcomes (produced messages x policies) runs on Spark's interpreted
+#: expressions (`storage.session.interpreted_expressions`): in a fresh JVM, compiling the ~380 classes Spark
+#: generates for a replay costs more than interpreting its rows. Three messages, one policy: 52.6 and 51.3 s
+#: against 63.7 and 65.1 s (345 classes compiled against 45); 35 k outcomes (demo x0.06, 16 presets): 68.8 and
+#: 65.8 s against 75.5 and 68.9 s; 2.4 M (the demo): 125.0 s against 105.3 s (bench/HISTORY.md, 2026-11-28).
+INTERPRETED_MAX_OUTCOMES = 300_000
+
+
+def replay_expressions(spark, digest: TraceDigest | None, policies: int):
+    """The block runs on interpreted expressions for a small replay (INTERPRETED_MAX_OUTCOMES), as it is
+    otherwise. `digest`: the trace gate's (None for a trace gated by Spark, which is never small)."""
+    from contextlib import nullcontext
+
+    from storage.session import interpreted_expressions
+
+    small = digest is not None and digest.produce.n * policies <= INTERPRETED_MAX_OUTCOMES
+    return interpreted_expressions(spark) if small else nullcontext()
+
+
 def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     """The whole replay of one trace under every policy of the request (batch mode)."""
     from engine.publish import ReplayResults, publishing
@@ -362,29 +381,30 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     events = events.persist()
     tracker = None
     try:
-        if request.mlflow:
-            step("MLflow runs")
-        tracker = start_tracker(request, manifest, runs, request.mode)
-        step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
-        frames = replay_frames(spark, manifest, events, runs, request.window_ms, gate.digest)
-        try:
-            results = ReplayResults(
-                run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
-                run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
-                frames.partition_states, frames.unavailability, events, windows=frames.windows,
-                histograms=frames.histograms)
-            step("windows and summary")
-            checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
-                                       frames.control)
-            with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
-                            extra_checks=checks, progress=step) as published:
-                report = ReplayReport(manifest.trace_id, runs, published.summaries, str(lakehouse.root),
-                                      gate.quarantined,
-                                      trace_gate_report=str(gate.report_html) if gate.report_html else None)
-                finish_tracker(tracker, report, published.tables, request, tf.root,
-                               [gate.report_html, gate.report_json], step)
-        finally:
-            frames.release()
+        with replay_expressions(spark, gate.digest, len(runs)):
+            if request.mlflow:
+                step("MLflow runs")
+            tracker = start_tracker(request, manifest, runs, request.mode)
+            step(f"replay {len(runs)} polic{'y' if len(runs) == 1 else 'ies'}")
+            frames = replay_frames(spark, manifest, events, runs, request.window_ms, gate.digest)
+            try:
+                results = ReplayResults(
+                    run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
+                    run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
+                    frames.partition_states, frames.unavailability, events, windows=frames.windows,
+                    histograms=frames.histograms)
+                step("windows and summary")
+                checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
+                                           frames.control)
+                with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
+                                extra_checks=checks, progress=step) as published:
+                    report = ReplayReport(manifest.trace_id, runs, published.summaries, str(lakehouse.root),
+                                          gate.quarantined,
+                                          trace_gate_report=str(gate.report_html) if gate.report_html else None)
+                    finish_tracker(tracker, report, published.tables, request, tf.root,
+                                   [gate.report_html, gate.report_json], step)
+            finally:
+                frames.release()
     except BaseException as exc:
         if tracker is not None:
             tracker.fail(exc)  # no MLflow run stays RUNNING after a failed replay

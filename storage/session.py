@@ -207,6 +207,25 @@ def adaptive_off(spark):
     return session_conf(spark, "spark.sql.adaptive.enabled", "false")
 
 
+#: Spark's own interpreted evaluation for every expression, projection, predicate and ordering (each of its code
+#: generators has an interpreted fallback; `factoryMode` picks it, and whole-stage code generation is off). Spark
+#: otherwise generates and compiles (Janino) a Java class for every new shape of query it runs: a replay's gates,
+#: tail and Delta commits are about 350-400 shapes, and in a fresh JVM compiling them is a fifth of a small
+#: replay. Interpreted rows cost more each: see `engine.replay.INTERPRETED_MAX_OUTCOMES` for where that wins.
+INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+@contextmanager
+def interpreted_expressions(spark) -> Iterator[None]:
+    """The block's queries run on Spark's interpreted expressions (INTERPRETED_CONF), restored after."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        for key, value in INTERPRETED_CONF.items():
+            stack.enter_context(session_conf(spark, key, value))
+        yield
+
+
 def uncompressed_cache(spark):
     """Frames cached (filled) in the block are stored uncompressed. A replay's tail caches its tables for the
     output gate and the Delta writes, each read several times: compressing 3.7 M message outcomes (16 runs) while

@@ -393,3 +393,39 @@ def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
     want = pa.Table.from_batches(rows).to_pylist()
     got = [r.asDict() for r in back.collect()]
     assert sorted(got, key=repr) == sorted(want, key=repr)
+
+
+def test_a_small_replay_runs_interpreted_and_a_large_one_generated(spark, tmp_path, monkeypatch):
+    """`engine.replay.replay_expressions`: a replay of at most INTERPRETED_MAX_OUTCOMES outcomes runs every step
+    after the trace gate on interpreted expressions and leaves the session as it found it; a larger one (the
+    limit lowered under this trace's three outcomes) changes no setting."""
+    from bench.fixed_cost_bench import write_tiny_trace
+    from engine import replay as engine_replay
+    from engine.plan import ReplayRequest
+    from storage.session import INTERPRETED_CONF
+
+    trace = write_tiny_trace(tmp_path / "trace")
+    before = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+
+    def replay(lakehouse: str) -> dict[str, dict[str, str | None]]:
+        seen: dict[str, dict[str, str | None]] = {}
+
+        def step(text: str) -> None:
+            seen[text.split()[0]] = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+
+        report = engine_replay.run_replay(spark, ReplayRequest(
+            trace=str(trace), policies=[parse_policy("kafka-acks1")], lakehouse=str(tmp_path / lakehouse),
+            mlflow=False), progress=step)
+        assert [s["produced"] for s in report.summaries] == [3]
+        assert {key: spark.conf.get(key, None) for key in INTERPRETED_CONF} == before
+        return seen
+
+    small = replay("small")
+    assert {"replay", "windows", "output", "Delta"} <= set(small)
+    for name in ("replay", "windows", "output", "Delta"):
+        assert small[name] == INTERPRETED_CONF, name
+    assert small["trace"] == before  # the trace gate runs before the size is known
+
+    monkeypatch.setattr(engine_replay, "INTERPRETED_MAX_OUTCOMES", 2)
+    large = replay("large")
+    assert all(values == before for values in large.values())

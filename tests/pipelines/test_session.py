@@ -71,3 +71,30 @@ def test_local_frame_equals_create_data_frame_and_runs_no_python(spark, rows):
     assert "ExistingRDD" not in plan(mine) and "LocalTableScan" in plan(mine)
     if rows:
         assert "ExistingRDD" in plan(theirs)
+
+
+def test_interpreted_expressions_compile_no_class_give_the_same_rows_and_restore_the_session(spark):
+    """A small replay runs on Spark's interpreted expressions (storage.session.INTERPRETED_CONF): a new query
+    shape in the block compiles no class, answer as generated code does, and the settings are back after the block, also
+    after an error in it."""
+    from storage.session import INTERPRETED_CONF, interpreted_expressions
+
+    metric = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    before = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+
+    def query(salt: int):  # a shape of its own per salt (the literal is compiled into generated code)
+        return (spark.range(40).selectExpr("id % 7 AS k", f"id * {salt} + 1 AS v").where(f"v > {salt}")
+                .groupBy("k").agg({"v": "sum"}).orderBy("k").collect())
+
+    with interpreted_expressions(spark):
+        assert {key: spark.conf.get(key) for key in INTERPRETED_CONF} == INTERPRETED_CONF
+        query(10_000)  # a fresh session's first query compiles a class or two whatever its shape
+        count = metric.getCount()
+        interpreted = query(10_001)
+        assert metric.getCount() == count
+    count = metric.getCount()
+    assert query(10_001) == interpreted
+    assert metric.getCount() > count  # the same shape outside the block is generated and compiled
+    with pytest.raises(ZeroDivisionError), interpreted_expressions(spark):
+        1 / 0  # noqa: B018
+    assert {key: spark.conf.get(key, None) for key in INTERPRETED_CONF} == before
