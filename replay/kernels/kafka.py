@@ -40,6 +40,7 @@ from replay.kernels.kafka_clients import KafkaClients
 from replay.kernels.kafka_common import (
     ACKED,
     C_REPLICATE,
+    EXTRA_COLS,
     FAILED,
     MS,
     PAYLOAD,
@@ -120,7 +121,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.tick_key = key(0, C_TICK)
         self.tick_period_us = policy.replica_lag_time_max_ms * MS // 2
         self.pend = Table(PENDING_COLS)
-        self.extra: list[tuple[int, int, int]] = []  # earlier appends of retried messages (msg, epoch, offset)
+        self.extra = Table(EXTRA_COLS)  # earlier appends of retried messages
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
         self.sched_row = np.zeros(0, dtype=np.int64)
         self.room = 0  # messages the current chunk may append (`advance`)
@@ -200,8 +201,10 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         rows = self.timeline.finish(self.duration_us)
         view = self._final_view()
         records = all_records(self.pend, self.recs, PAYLOAD, int(ACKED), int(FAILED)).sorted_by_msg_id()
-        if self.extra:
-            records.extra_positions = np.array(sorted(self.extra), dtype=np.int64).reshape(-1, 3)
+        if self.extra.n:
+            m, e, o = self.extra["msg"], self.extra["epoch"], self.extra["offset"]
+            order = np.lexsort((o, e, m))
+            records.extra_positions = np.stack([m[order], e[order], o[order]], axis=1)
         result = PartitionResult(self.partition, judge(records, view), rows,
                                  merge_intervals(self.timeline.unavail), self.replication_bytes)
         result.view = view  # type: ignore[attr-defined]

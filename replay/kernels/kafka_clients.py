@@ -11,6 +11,7 @@ from replay.kernels.kafka_common import (
     ACKED,
     APPENDED,
     C_RETRY,
+    EXTRA_COLS,
     MS,
     REFUSED,
     WAITING,
@@ -101,7 +102,7 @@ class KafkaClients:
         if srv >= 0:
             runs = runs_array(self.runs[self.ix[srv]])
             held = runs_contain(runs, self.pend["pe"][rows], self.pend["po"][rows])
-            if self.extra:
+            if self.extra.n:
                 self._promote_extra(rows, held, runs)
         hrows = rows[held]
         st[hrows] = APPENDED  # the idempotent retry finds its copy
@@ -113,21 +114,27 @@ class KafkaClients:
 
     def _promote_extra(self, rows, held, runs) -> None:
         """A retried message whose earlier copy the new leader holds: that copy becomes its position."""
-        by_msg = {}
-        for m, e, o in self.extra:
-            by_msg.setdefault(m, []).append((e, o))
         msgs = self.pend["msg"]
-        for j, r in enumerate(rows):
-            if held[j] or int(msgs[r]) not in by_msg:
-                continue
-            for e, o in by_msg[int(msgs[r])]:
+        todo = np.flatnonzero(~held & np.isin(msgs[rows], self.extra["msg"]))
+        if not len(todo):
+            return
+        extra = list(zip(*(self.extra[c].tolist() for c in EXTRA_COLS), strict=True))  # (msg, epoch, offset)
+        by_msg: dict[int, list[tuple[int, int]]] = {}
+        for m, e, o in extra:
+            by_msg.setdefault(m, []).append((e, o))
+        for j in todo.tolist():
+            r = int(rows[j])
+            m = int(msgs[r])
+            for e, o in by_msg[m]:
                 if runs_contain(runs, np.array([e]), np.array([o]))[0]:
-                    cur = (int(msgs[r]), int(self.pend["pe"][r]), int(self.pend["po"][r]))
-                    self.extra.remove((int(msgs[r]), e, o))
-                    self.extra.append(cur)
+                    extra.remove((m, e, o))  # the copy becomes the position, the position a copy (at the end)
+                    extra.append((m, int(self.pend["pe"][r]), int(self.pend["po"][r])))
                     self.pend.cols["pe"][r], self.pend.cols["po"][r] = e, o
                     held[j] = True
                     break
+        columns = np.array(extra, dtype=np.int64).reshape(-1, len(EXTRA_COLS)).T
+        self.extra.n = 0
+        self.extra.append(**dict(zip(EXTRA_COLS, columns, strict=True)))
 
     def _attempt_now(self, t: int, rows: np.ndarray) -> None:
         """Attempts at a control instant (the switch), in msg_id order."""

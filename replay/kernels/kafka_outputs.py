@@ -83,9 +83,8 @@ class KafkaOutputs:
         if n < 4096:
             return
         pinned = None
-        if self.extra:  # retried messages keep their rows until the end (rare)
-            msgs = np.array([m for m, _, _ in self.extra], dtype=np.int64)
-            pinned = np.isin(self.pend["msg"], msgs)
+        if self.extra.n:  # retried messages keep their rows until the end (rare)
+            pinned = np.isin(self.pend["msg"], self.extra["msg"])
         settled, count = settled_mask(self.pend, self.runs, pinned, _ACKED, _FAILED)
         if count < n // 2:
             return

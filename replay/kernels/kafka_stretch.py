@@ -123,9 +123,9 @@ class KafkaStretches:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
         nx = int(sc[steady.S_NEXTRA])
         if nx:
-            self.extra.extend(map(tuple, extra[:nx].tolist()))
+            self.extra.append(msg=extra[:nx, 0], epoch=extra[:nx, 1], offset=extra[:nx, 2])
         nh = int(sc[steady.S_NHW])
-        if nh and self.extra and ldr >= 0:
+        if nh and self.extra.n and ldr >= 0:
             self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
         # ----- closed instants: timeline rows and availability
         for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
@@ -166,24 +166,35 @@ class KafkaStretches:
         """A message appended again keeps its earlier position for judging fate (a copy may survive)."""
         pe, po, msg = self.pend.cols["pe"], self.pend.cols["po"], self.pend.cols["msg"]
         had = rows[pe[rows] >= 0]
-        for r in had:
-            self.extra.append((int(msg[r]), int(pe[r]), int(po[r])))
+        if len(had):
+            self.extra.append(msg=msg[had], epoch=pe[had], offset=po[had])
 
     def _extra_visible(self, broker: int, lo: int, hi: int, ts=None, hw=None, t: int | None = None) -> None:
-        """Visibility through an earlier copy of a retried message (rare)."""
-        due = [(m, e, o) for m, e, o in self.extra if lo <= o < hi]
-        if not due:
+        """Visibility through an earlier copy of a retried message: a message not yet visible becomes visible at t
+        (or when the high watermark `hw`, moving at `ts`, passed the copy) through the first of its copies in
+        [lo, hi) that `broker` holds. Vectorized: a trace where one replica is left stands refused and retried
+        for long, and tens of thousands of copies pile up (`k8-last-replica-standing`)."""
+        off = self.extra["offset"]
+        due = np.flatnonzero((off >= lo) & (off < hi))
+        if not len(due):
             return
-        # the pending rows of those messages only (a dict over every pending row cost a third of a fault trace's
-        # Kafka kernel time); the last row of a message wins, as it did over every row
+        d_msg, d_epoch, d_off = self.extra["msg"][due], self.extra["epoch"][due], off[due]
+        # the pending rows of those messages only (a map over every pending row cost a third of a fault trace's
+        # Kafka kernel time); a message's last row is the one its copies speak for
         msgs = self.pend["msg"]
-        rows = np.flatnonzero(np.isin(msgs, np.array([m for m, _, _ in due], dtype=np.int64)))
-        msg_rows = {int(msgs[r]): int(r) for r in rows}
-        runs = runs_array(self.runs[self.ix[broker]])
-        for m, e, o in due:
-            r = msg_rows.get(m)
-            if r is None or self.pend.cols["vis"][r] != NULL_US:
-                continue
-            if runs_contain(runs, np.array([e]), np.array([o]))[0]:
-                when = t if t is not None else int(ts[min(int(np.searchsorted(hw, o, side="right")), len(ts) - 1)])
-                self.pend.cols["vis"][r] = when
+        rows = np.flatnonzero(np.isin(msgs, d_msg))[::-1]
+        if not len(rows):
+            return
+        known, first = np.unique(msgs[rows], return_index=True)
+        at = np.minimum(np.searchsorted(known, d_msg), len(known) - 1)
+        row = np.where(known[at] == d_msg, rows[first][at], -1)
+        vis = self.pend.cols["vis"]
+        ok = row >= 0
+        ok[ok] = vis[row[ok]] == NULL_US
+        ok[ok] = runs_contain(runs_array(self.runs[self.ix[broker]]), d_epoch[ok], d_off[ok])
+        copy = np.flatnonzero(ok)
+        if not len(copy):
+            return
+        copy = copy[np.unique(row[copy], return_index=True)[1]]  # a message's first copy held, in order, wins
+        vis[row[copy]] = t if t is not None else ts[np.minimum(np.searchsorted(hw, d_off[copy], side="right"),
+                                                               len(ts) - 1)]
