@@ -22,7 +22,7 @@ PENDING_COLS = {
 }
 PAYLOAD = ("pid", "part", "keyid")
 #: Earlier appends of retried messages, in the order they were made: a retried message appended again keeps its
-#: earlier (epoch, offset) for judging its fate, as a copy may survive (`KafkaReference`'s `Msg.positions`).
+#: earlier (epoch, offset) for judging its fate, as a copy may survive (`Msg.positions` in replay/reference/kafka.py).
 EXTRA_COLS = {"msg": np.int64, "epoch": np.int64, "offset": np.int64}
 COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
 

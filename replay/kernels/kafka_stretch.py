@@ -172,8 +172,8 @@ class KafkaStretches:
     def _extra_visible(self, broker: int, lo: int, hi: int, ts=None, hw=None, t: int | None = None) -> None:
         """Visibility through an earlier copy of a retried message: a message not yet visible becomes visible at t
         (or when the high watermark `hw`, moving at `ts`, passed the copy) through the first of its copies in
-        [lo, hi) that `broker` holds. Vectorized: a trace where one replica is left stands refused and retried
-        for long, and tens of thousands of copies pile up (`k8-last-replica-standing`)."""
+        [lo, hi) that `broker` holds. Vectorized: where a single replica is left, produce requests are refused and
+        retried for long, and tens of thousands of copies pile up (`k8-last-replica-standing`)."""
         off = self.extra["offset"]
         due = np.flatnonzero((off >= lo) & (off < hi))
         if not len(due):

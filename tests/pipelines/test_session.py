@@ -75,8 +75,8 @@ def test_local_frame_equals_create_data_frame_and_runs_no_python(spark, rows):
 
 def test_interpreted_expressions_compile_no_class_give_the_same_rows_and_restore_the_session(spark):
     """A small replay runs on Spark's interpreted expressions (storage.session.INTERPRETED_CONF): a new query
-    shape in the block compiles no class, answer as generated code does, and the settings are back after the block, also
-    after an error in it."""
+    shape in the block compiles no class and answers as generated code does, and the settings are back after the
+    block, also after an error in it."""
     from storage.session import INTERPRETED_CONF, interpreted_expressions
 
     metric = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
