@@ -11,8 +11,9 @@ Traces are the library's `steady-state` scenario (6 brokers, 5000 keyed msg/s, G
 scale²) generated in-process, and `dledger5-double-failure` (faults). No Spark: this measures the engines alone,
 single-threaded. For each policy: routing (the family's `route` over all produce events), the kernels of every
 unit (one pass, then in 10 s chunks with carried state) and, on a smaller trace, the reference interpreter.
-events/s = trace rows / seconds, where a unit's kernel reads every broker event of the trace (broadcast) and
-its own messages.
+events/s = trace rows / seconds, where a unit's kernel reads its own messages and its replicas' broker events, as
+the Spark job feeds it (`replay.events.hosted_rows`; before 2026-11-28 every broker event of the trace, in every
+unit).
 
 Compiled kernels (numba, `@njit(cache=True)` under NUMBA_CACHE_DIR) compile or load from the cache on their first
 call: that first-call overhead is reported apart (`compile_s`, the warm-up run minus a steady run) and excluded

@@ -26,7 +26,7 @@ from engine.metrics import (
     message_values,
     message_windows,
 )
-from replay.events import PartitionEvents
+from replay.events import PartitionEvents, hosted_rows
 from replay.families import Layout, RouteInput, family_of
 from replay.policies import Policy
 from schemas.outcomes import NULL_US
@@ -223,7 +223,7 @@ def bundle_batches(plan: ReplayPlan):
                     out.extend((rc.index, u, bundle(part)) for u, part in
                                split_by(produce_events, np.asarray(routed.unit, dtype=np.int64)))
                 for u, replicas in hosts[rc.index]:
-                    rows = np.flatnonzero(np.isin(broker_ids, replicas))
+                    rows = hosted_rows(broker_ids, replicas)
                     if len(rows):
                         out.append((rc.index, u, bundle(broker_events.take(pa.array(rows)))))
             if out:

@@ -119,7 +119,7 @@ def control_of(plan):
 
 def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manifest, control) -> None:
     """Route one chunk's events and advance every kernel to `until_us` (all events are before it)."""
-    from replay.events import PartitionEvents
+    from replay.events import PartitionEvents, hosted_rows
     from replay.families import RouteInput, family_of
     from schemas.trace import Kind, kind_codes
 
@@ -145,8 +145,8 @@ def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manife
         delay = routed.delay_us if routed.delay_us is not None else np.zeros(len(p_ts), dtype=np.int64)
         for u in lead.layout.units:
             sel = routed.unit == u
-            hosts = sorted({b for r in members for b in r.layout.replicas[u]})
-            bsel = np.isin(b_id, hosts)
+            hosts = np.array(sorted({b for r in members for b in r.layout.replicas[u]}), dtype=np.int64)
+            bsel = hosted_rows(b_id, hosts)
             events = PartitionEvents(p_ts[sel], p_msg[sel], p_size[sel], b_ts[bsel], b_kind[bsel], b_id[bsel],
                                      b_upto[bsel], payload={"part": routed.partition[sel].astype(np.int64),
                                                             "delay": delay[sel].astype(np.int64)})

@@ -10,6 +10,13 @@ import pyarrow as pa
 from schemas.trace import UNKNOWN_KIND, Kind, kind_codes
 
 
+def hosted_rows(broker_ids: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    """The rows of the broker events (by their `broker_ids`) that a unit with these replicas reads: its replicas'
+    own. A unit's engines ignore every other broker's events (`PartitionEvents`), so the Spark job sends a unit only
+    these (`engine.groups.bundle_batches`), and the local replay does the same (`replay.local.unit_events`)."""
+    return np.flatnonzero(np.isin(broker_ids, replicas))
+
+
 @dataclass
 class PartitionEvents:
     """Produce events routed to one partition and the broker events of the whole trace.
