@@ -19,10 +19,10 @@ def hosted_rows(broker_ids: np.ndarray, replicas: np.ndarray) -> np.ndarray:
 
 @dataclass
 class PartitionEvents:
-    """Produce events routed to one partition and the broker events of the whole trace.
+    """Produce events routed to one partition and the broker events of its replicas (`hosted_rows`).
 
     Both are sorted: produces by (ts_us, msg_id); broker events by (ts_us, kind, broker). Broker events of
-    brokers that hold no replica of the partition are harmless (they are ignored).
+    brokers that hold no replica of the partition are harmless (the engines ignore them).
     """
 
     produce_ts: np.ndarray  # int64
