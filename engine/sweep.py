@@ -145,8 +145,7 @@ def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manife
         delay = routed.delay_us if routed.delay_us is not None else np.zeros(len(p_ts), dtype=np.int64)
         for u in lead.layout.units:
             sel = routed.unit == u
-            hosts = np.array(sorted({b for r in members for b in r.layout.replicas[u]}), dtype=np.int64)
-            bsel = hosted_rows(b_id, hosts)
+            bsel = hosted_rows(b_id, [b for r in members for b in r.layout.replicas[u]])
             events = PartitionEvents(p_ts[sel], p_msg[sel], p_size[sel], b_ts[bsel], b_kind[bsel], b_id[bsel],
                                      b_upto[bsel], payload={"part": routed.partition[sel].astype(np.int64),
                                                             "delay": delay[sel].astype(np.int64)})

@@ -10,10 +10,11 @@ import pyarrow as pa
 from schemas.trace import UNKNOWN_KIND, Kind, kind_codes
 
 
-def hosted_rows(broker_ids: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+def hosted_rows(broker_ids: np.ndarray, replicas) -> np.ndarray:
     """The rows of the broker events (by their `broker_ids`) that a unit with these replicas reads: its replicas'
     own. A unit's engines ignore every other broker's events (`PartitionEvents`), so the Spark job sends a unit only
-    these (`engine.groups.bundle_batches`), and the local replay does the same (`replay.local.unit_events`)."""
+    these (`engine.groups.bundle_batches`), and the local replay does the same (`replay.local.unit_events`).
+    `replicas`: broker ids, in any order and with repeats."""
     return np.flatnonzero(np.isin(broker_ids, replicas))
 
 

@@ -45,9 +45,9 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
     for u in layout.units:
         sel = routed.unit == u
         payload = {"part": routed.partition[sel].astype(np.int64), "delay": delay[sel].astype(np.int64)}
-        # the unit's replicas' broker events, as the Spark job sends them (a unit reading every broker event of the
-        # trace read them all again in each unit: 19 % of a fault trace's Kafka kernel time, bench/HISTORY.md)
-        hosted = hosted_rows(broker_events.broker_id, np.array(sorted(set(layout.replicas[u])), dtype=np.int64))
+        # the unit's replicas' broker events, as the Spark job sends them (mapping and merging every broker event of
+        # the trace again in each unit was 19 % of a fault trace's Kafka kernel time, bench/HISTORY.md)
+        hosted = hosted_rows(broker_events.broker_id, layout.replicas[u])
         out[u] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
                                  broker_events.broker_ts[hosted], broker_events.broker_kind[hosted],
                                  broker_events.broker_id[hosted], broker_events.broker_upto[hosted], payload).sorted()
