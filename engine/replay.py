@@ -39,7 +39,7 @@ from engine.plan import (
     run_records,
 )
 from storage.session import local_frame, uncompressed_cache
-from storage.trace_loader import ProduceStats, TraceDigest
+from storage.trace_loader import ProduceStats, TraceDigest, event_rows, locate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -339,23 +339,48 @@ def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
         out.write_text(json.dumps(report.summary_json(), indent=1) + "\n")
 
 
-#: A replay of at most this many message outcomes (produced messages x policies) runs on Spark's interpreted
-#: expressions (`storage.session.interpreted_expressions`): in a fresh JVM, compiling the ~380 classes Spark
-#: generates for a replay costs more than interpreting its rows. Three messages, one policy: 52.6 and 51.3 s
-#: against 63.7 and 65.1 s (345 classes compiled against 45); 35 k outcomes (demo x0.06, 16 presets): 68.8 and
-#: 65.8 s against 75.5 and 68.9 s; 2.4 M (the demo): 125.0 s against 105.3 s (bench/HISTORY.md, 2026-11-28).
-INTERPRETED_MAX_OUTCOMES = 300_000
+#: A replay of at most this many message outcomes (produced messages x policies) is small (`small_replay`): it
+#: runs on Spark's interpreted expressions (`storage.session.interpreted_expressions`), and `replab replay` starts
+#: its JVM with HotSpot's C1 compiler only (`storage.session.get_spark(short_lived=True)`). In a fresh JVM,
+#: compiling the ~380 classes Spark generates for a replay costs more than interpreting its rows: three messages,
+#: one policy, 52.6 and 51.3 s against 63.7 and 65.1 s (345 classes compiled against 45); 35 k outcomes (demo
+#: x0.06, 16 presets) 68.8 and 65.8 s against 75.5 and 68.9 s; 2.4 M (the demo) 125.0 s against 105.3 s
+#: (bench/HISTORY.md, 2026-11-28). C1 alone: three messages 37.4-41.3 s against 45.7-50.2 s, 314 k outcomes 54.6
+#: and 54.8 s against 61.5 and 72.4 s (bench/HISTORY.md, ninth session).
+SMALL_REPLAY_OUTCOMES = 300_000
+
+
+def small_replay(messages: int | None, policies: int) -> bool:
+    """Whether a replay of `messages` produced messages (or any upper bound of them; None: not known) under
+    `policies` policies is small (SMALL_REPLAY_OUTCOMES)."""
+    return messages is not None and messages * policies <= SMALL_REPLAY_OUTCOMES
 
 
 def replay_expressions(spark, digest: TraceDigest | None, policies: int):
-    """The block runs on interpreted expressions for a small replay (INTERPRETED_MAX_OUTCOMES), as it is
-    otherwise. `digest`: the trace gate's (None for a trace gated by Spark, which is never small)."""
+    """The block runs on interpreted expressions for a small replay (`small_replay`), as it is otherwise.
+    `digest`: the trace gate's (None for a trace gated by Spark, which is never small)."""
     from contextlib import nullcontext
 
     from storage.session import interpreted_expressions
 
-    small = digest is not None and digest.produce.n * policies <= INTERPRETED_MAX_OUTCOMES
+    small = small_replay(digest.produce.n if digest is not None else None, policies)
     return interpreted_expressions(spark) if small else nullcontext()
+
+
+def short_lived_jvm(request: ReplayRequest) -> bool:
+    """Whether the process that runs `request` alone (`replab replay`) may start its JVM on C1 only: a batch
+    replay whose trace's events (an upper bound of its produced messages, counted before Spark starts:
+    `storage.trace_loader.event_rows`) make it small. A trace that cannot be read is not: the trace gate
+    reports it, as before."""
+    from schemas.errors import BadInput
+
+    if request.mode != "batch":
+        return False
+    try:
+        rows = event_rows(locate(request.trace))
+    except (BadInput, OSError):
+        return False
+    return small_replay(rows, len(request.policies))
 
 
 def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
@@ -364,7 +389,6 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
     from expectations import invariants
     from expectations.trace_gate import run_trace_gate
     from storage.lakehouse import Lakehouse
-    from storage.trace_loader import locate
 
     check_request(request)
     step = progress or (lambda text: log.info(text))

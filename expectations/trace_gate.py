@@ -568,7 +568,7 @@ def run_trace_gate(spark, trace: str | Path | TraceFiles, lakehouse=None, trace_
     try:
         tf = trace if isinstance(trace, TraceFiles) else locate(trace)
         # A CSV trace is read on the driver in any case (storage.trace_loader).
-        local = local_rows > 0 and (tf.is_csv or (event_rows(tf) or 0) <= local_rows)
+        local = local_rows > 0 and (tf.is_csv or event_rows(tf) <= local_rows)
         located = read_events_located(tf) if local else None
         manifest, events = read_events_spark(spark, tf, with_location=True, located=located)
     except BadInput as exc:

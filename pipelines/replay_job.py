@@ -35,7 +35,7 @@ def prefetch_imports(modules: Sequence[str]) -> None:
 
 def cli(args: argparse.Namespace) -> int:
     from engine.plan import ReplayRequest
-    from engine.replay import run_replay
+    from engine.replay import run_replay, short_lived_jvm
     from engine.stream.query import run_stream_replay
     from report.figures import run_figures
     from report.tables import print_comparison
@@ -50,7 +50,7 @@ def cli(args: argparse.Namespace) -> int:
         allowed_lateness_ms=args.allowed_lateness_ms, figures=run_figures, labels=list(args.policy))
     prefetch_imports(["great_expectations", *(["mlflow"] if request.mlflow else [])])
     console.log("Spark session")
-    spark = get_spark("replab-replay")
+    spark = get_spark("replab-replay", short_lived=short_lived_jvm(request))
     replay = run_stream_replay if request.mode == "stream" else run_replay
     report = replay(spark, request, progress=lambda t: console.log(t))
     report.labels = list(args.policy)  # as the user wrote them (preset names read better than canonical forms)

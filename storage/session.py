@@ -66,6 +66,15 @@ def _running_on_cluster_session() -> bool:
 _CODEGEN_CONF = {"spark.sql.codegen.cache.maxEntries": "4096"}
 
 
+#: HotSpot's tiered JIT stopped at its first compiler, C1, for a JVM that runs one small job and exits
+#: (`get_spark(short_lived=True)`; in local mode the executors share the driver's JVM). A fresh JVM replaying three
+#: messages spent a third of its CPU in C2 compiling Spark's, Delta's and Arrow's code for work that ends before
+#: C2's code pays off: 25 of its 77-85 CPU-seconds, 5 with C1 only, and 37.4-41.3 s of wall time against
+#: 45.7-50.2 s (bench/HISTORY.md, ninth session). A long replay's time is the JVM's hot loops (shuffle, sort,
+#: Parquet), where C2's code wins: `engine.replay.short_lived_jvm` says when a replay is small enough.
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+
+
 def get_spark(
     app_name: str = "replab",
     *,
@@ -73,8 +82,10 @@ def get_spark(
     shuffle_partitions: int | None = None,
     ui: bool | None = None,
     extra_conf: dict[str, str] | None = None,
+    short_lived: bool = False,
 ):
-    """Return the SparkSession every replab job and test uses."""
+    """Return the SparkSession every replab job and test uses. `short_lived`: the process runs one small job
+    and exits, so a JVM this call starts compiles with C1 only (C1_ONLY; no effect on a session already up)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -118,7 +129,8 @@ def get_spark(
         "spark.databricks.delta.optimizeWrite.enabled": "false",
         **_CODEGEN_CONF,
         "spark.sql.warehouse.dir": os.environ.get("REPLAB_WAREHOUSE_DIR", str(Path.cwd() / "spark-warehouse")),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_REPO_ROOT / 'conf' / 'log4j2.properties'}"
+                                         + (f" {C1_ONLY}" if short_lived else ""),
     }
     jars = cached_jars()
     if jars:
@@ -211,7 +223,7 @@ def adaptive_off(spark):
 #: generators has an interpreted fallback; `factoryMode` picks it, and whole-stage code generation is off). Spark
 #: otherwise generates and compiles (Janino) a Java class for every new shape of query it runs: a replay's gates,
 #: tail and Delta commits are about 350-400 shapes, and in a fresh JVM compiling them is a fifth of a small
-#: replay. Interpreted rows cost more each: see `engine.replay.INTERPRETED_MAX_OUTCOMES` for where that wins.
+#: replay. Interpreted rows cost more each: see `engine.replay.SMALL_REPLAY_OUTCOMES` for where that wins.
 INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 

@@ -83,3 +83,45 @@ def test_the_same_policy_twice_is_bad_input(replayed, capsys):
                  "--policy", "kafka:min_insync_replicas=2"])
     assert code == 2
     assert "same policy" in capsys.readouterr().err
+
+
+class _Started(Exception):
+    """Raised by the spy in place of starting Spark: the test needs only how `replab replay` asked for it."""
+
+
+@pytest.mark.parametrize(("extra", "limit", "short_lived"), [
+    ([], None, True),  # 5 events x 1 policy: small
+    (["--policy", "kafka-durable"], 10, True),  # 5 x 2 = the limit
+    (["--policy", "kafka-durable"], 9, False),  # one over it
+    (["--mode", "stream"], None, False),  # a stream replay keeps C2 (not measured on C1)
+], ids=["small", "at-the-limit", "over-the-limit", "stream"])
+def test_replay_starts_a_short_lived_jvm_only_for_a_small_batch_replay(tmp_path, monkeypatch, extra, limit,
+                                                                        short_lived):
+    """`replab replay` starts its JVM on C1 only (`get_spark(short_lived=True)`) when the trace's events times
+    the policies are at most `engine.replay.SMALL_REPLAY_OUTCOMES`, counted before Spark starts."""
+    import storage.session
+    from bench.fixed_cost_bench import write_tiny_trace
+    from engine import replay as engine_replay
+
+    asked = []
+
+    def spy(app_name="replab", **kwargs):
+        asked.append(kwargs.get("short_lived", False))
+        raise _Started
+
+    monkeypatch.setattr(storage.session, "get_spark", spy)
+    if limit is not None:
+        monkeypatch.setattr(engine_replay, "SMALL_REPLAY_OUTCOMES", limit)
+    trace = write_tiny_trace(tmp_path / "trace")  # 5 events: 3 produce, 2 replicate
+    with pytest.raises(_Started):
+        main(["replay", "--trace", str(trace), "--policy", "kafka-acks1", "--no-mlflow",
+              "--lakehouse", str(tmp_path / "lh"), *extra])
+    assert asked == [short_lived]
+
+
+def test_a_missing_trace_is_not_short_lived():
+    from engine.plan import ReplayRequest
+    from engine.replay import short_lived_jvm
+
+    assert not short_lived_jvm(ReplayRequest(trace="/nonexistent/trace", policies=[parse_policy("kafka-acks1")],
+                                             lakehouse="/tmp/unused", mlflow=False))

@@ -396,9 +396,9 @@ def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
 
 
 def test_a_small_replay_runs_interpreted_and_a_large_one_generated(spark, tmp_path, monkeypatch):
-    """`engine.replay.replay_expressions`: a replay of at most INTERPRETED_MAX_OUTCOMES outcomes runs every step
-    after the trace gate on interpreted expressions and leaves the session as it found it; a larger one (the
-    limit lowered under this trace's three outcomes) changes no setting."""
+    """`engine.replay.replay_expressions`: a replay of at most SMALL_REPLAY_OUTCOMES outcomes runs every step
+    after the trace gate on interpreted expressions and leaves the session as it found it; the rule, fed the
+    replay's own digest, keeps generated code one outcome over the limit (and for a trace gated by Spark)."""
     from bench.fixed_cost_bench import write_tiny_trace
     from engine import replay as engine_replay
     from engine.plan import ReplayRequest
@@ -406,26 +406,38 @@ def test_a_small_replay_runs_interpreted_and_a_large_one_generated(spark, tmp_pa
 
     trace = write_tiny_trace(tmp_path / "trace")
     before = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+    assert before != INTERPRETED_CONF  # else the checks below could not tell the two apart
 
-    def replay(lakehouse: str) -> dict[str, dict[str, str | None]]:
-        seen: dict[str, dict[str, str | None]] = {}
+    def settings_now() -> dict[str, str | None]:
+        return {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
 
-        def step(text: str) -> None:
-            seen[text.split()[0]] = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+    asked = []  # what run_replay hands the rule: (digest, policies)
+    rule = engine_replay.replay_expressions
 
-        report = engine_replay.run_replay(spark, ReplayRequest(
-            trace=str(trace), policies=[parse_policy("kafka-acks1")], lakehouse=str(tmp_path / lakehouse),
-            mlflow=False), progress=step)
-        assert [s["produced"] for s in report.summaries] == [3]
-        assert {key: spark.conf.get(key, None) for key in INTERPRETED_CONF} == before
-        return seen
+    def spy(spark_, digest, policies):
+        asked.append((digest, policies))
+        return rule(spark_, digest, policies)
 
-    small = replay("small")
-    assert {"replay", "windows", "output", "Delta"} <= set(small)
+    monkeypatch.setattr(engine_replay, "replay_expressions", spy)
+    seen: dict[str, dict[str, str | None]] = {}
+    report = engine_replay.run_replay(spark, ReplayRequest(
+        trace=str(trace), policies=[parse_policy("kafka-acks1"), parse_policy("kafka-durable")],
+        lakehouse=str(tmp_path / "lakehouse"), mlflow=False),
+        progress=lambda text: seen.setdefault(text.split()[0], settings_now()))
+    assert [s["produced"] for s in report.summaries] == [3, 3]
+    assert settings_now() == before
+    assert {"replay", "windows", "output", "Delta"} <= set(seen)
     for name in ("replay", "windows", "output", "Delta"):
-        assert small[name] == INTERPRETED_CONF, name
-    assert small["trace"] == before  # the trace gate runs before the size is known
+        assert seen[name] == INTERPRETED_CONF, name
+    assert seen["trace"] == before  # the trace gate runs before the size is known
 
-    monkeypatch.setattr(engine_replay, "INTERPRETED_MAX_OUTCOMES", 2)
-    large = replay("large")
-    assert all(values == before for values in large.values())
+    # the rule on the replay's own digest: 3 messages x 2 policies = 6 outcomes
+    [(digest, policies)] = asked
+    assert (digest.produce.n, policies) == (3, 2)
+    for limit, interpreted in ((6, True), (5, False)):
+        monkeypatch.setattr(engine_replay, "SMALL_REPLAY_OUTCOMES", limit)
+        with rule(spark, digest, policies):
+            assert settings_now() == (INTERPRETED_CONF if interpreted else before), limit
+        assert settings_now() == before
+    with rule(spark, None, 1):  # a trace the gate read with Spark (no digest) is never small
+        assert settings_now() == before

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from schemas.tables import TABLES
@@ -98,3 +104,24 @@ def test_interpreted_expressions_compile_no_class_give_the_same_rows_and_restore
     with pytest.raises(ZeroDivisionError), interpreted_expressions(spark):
         1 / 0  # noqa: B018
     assert {key: spark.conf.get(key, None) for key in INTERPRETED_CONF} == before
+
+
+def test_a_short_lived_session_runs_its_jvm_on_c1_only_and_the_default_one_does_not(spark, tmp_path):
+    """`get_spark(short_lived=True)` reaches the JVM it starts (a new process: the JVM's own input arguments);
+    the session every other job uses keeps HotSpot's tiered compilation."""
+    from storage.session import C1_ONLY
+
+    def jvm_arguments(session) -> list[str]:
+        return list(session._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+
+    assert C1_ONLY not in jvm_arguments(spark)
+    script = ("from storage.session import get_spark\n"
+              "s = get_spark('replab-short-lived-test', short_lived=True)\n"
+              "print(repr(list(s._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()"
+              ".getInputArguments())))\n"
+              "s.stop()\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    args = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert C1_ONLY in args and any(a.startswith("-Dlog4j2.configurationFile=") for a in args)

@@ -135,3 +135,29 @@ def test_an_empty_parquet_file_is_read_as_no_rows(tmp_path):
     assert read_events_arrow(tmp_path)[1].num_rows == 0
     located = read_events_located(locate(tmp_path))
     assert located.num_rows == 0 and located.column_names[-2:] == ["_file", "_row"]
+
+
+@pytest.mark.parametrize(("body", "rows"), [
+    ("", 0),
+    ("0,crash,0,,,,,\n5,produce,,1,k,10,0,\n", 2),
+    ("0,crash,0,,,,,\n5,produce,,1,k,10,0,", 2),  # no newline after the last row
+    ("0,crash,0,,,,,\n\n5,produce,,1,k,10,0,\n", 3),  # a blank line counts: an upper bound
+], ids=["header-only", "rows", "no-final-newline", "blank-line"])
+def test_event_rows_of_a_csv_trace_counts_its_lines_after_the_header(tmp_path, body, rows):
+    from storage.trace_loader import event_rows, locate
+
+    tf = locate(make_trace(tmp_path, body))
+    assert event_rows(tf) == rows
+    assert event_rows(tf) >= read_events_arrow(tmp_path)[1].num_rows
+
+
+def test_event_rows_of_a_parquet_trace_reads_its_footers(tmp_path):
+    from storage.trace_loader import event_rows, locate
+
+    (tmp_path / "csv").mkdir()
+    table = read_events_arrow(make_trace(tmp_path / "csv", "0,crash,0,,,,,\n5,produce,,1,k,10,0,\n"))[1]
+    (tmp_path / "pq" / "events").mkdir(parents=True)
+    (tmp_path / "pq" / "manifest.json").write_text(json.dumps(MANIFEST))
+    for i in range(3):
+        pq.write_table(table, tmp_path / "pq" / "events" / f"part-{i}.parquet")
+    assert event_rows(locate(tmp_path / "pq")) == 6
