@@ -13,7 +13,8 @@ Measured in one run, each in a fresh process as a user starts it:
   wall time, and a per-step breakdown from the command's progress lines (`engine.replay.run_replay`'s steps),
   timed by this process as each line arrives: Spark start (process start to the first step, imports
   included), trace gate, MLflow runs, replay core, windows and summary, output gate, Delta tables, MLflow
-  logging, and the exit (the last lines, Spark stop);
+  logging, and the exit (the last lines, Spark stop). The command starts its JVM on C1 only, as it does for any
+  small batch replay (`engine.replay.short_lived_jvm`); the bare session is a default one;
 - replay warm: three replays of the trace in ONE process and session (`engine.replay.run_replay`), each into a new
   lakehouse; the row is the mean of the second and third, the cost of a small replay in a session that stays up.
 

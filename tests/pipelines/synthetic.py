@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     from storage.lakehouse import Lakehouse, RunRecord
     from storage.session import get_spark
 
-    spark = get_spark("synthetic-writer", master="local[2]", shuffle_partitions=2)
+    # a small replay's writer, as `replab replay` starts one (`engine.replay.short_lived_jvm`)
+    spark = get_spark("synthetic-writer", master="local[2]", shuffle_partitions=2, short_lived=True)
     lh = Lakehouse(args.lakehouse, spark)
     print("step created", flush=True)
     for i, run_id in enumerate(args.run_id):
