@@ -125,3 +125,20 @@ def test_a_missing_trace_is_not_short_lived():
 
     assert not short_lived_jvm(ReplayRequest(trace="/nonexistent/trace", policies=[parse_policy("kafka-acks1")],
                                              lakehouse="/tmp/unused", mlflow=False))
+
+
+def test_a_corrupt_parquet_trace_is_not_short_lived(tmp_path):
+    """A footer that cannot be read makes the replay not small, and the trace gate, not this count, reports it."""
+    import json
+
+    from engine.plan import ReplayRequest
+    from engine.replay import short_lived_jvm
+
+    trace = tmp_path / "trace"
+    (trace / "events").mkdir(parents=True)
+    (trace / "manifest.json").write_text(json.dumps({
+        "format": "replab-trace", "version": 1, "trace_id": "corrupt", "brokers": [{"id": 0, "rack": "a"}],
+        "duration_us": 10, "seed": None, "generator": None}))
+    (trace / "events" / "part-0.parquet").write_bytes(b"not a parquet file")
+    assert not short_lived_jvm(ReplayRequest(trace=str(trace), policies=[parse_policy("kafka-acks1")],
+                                             lakehouse=str(tmp_path / "lh"), mlflow=False))
