@@ -371,7 +371,8 @@ def short_lived_jvm(request: ReplayRequest) -> bool:
     """Whether the process that runs `request` alone (`replab replay`) may start its JVM on C1 only: a batch
     replay whose trace's events (an upper bound of its produced messages, counted before Spark starts:
     `storage.trace_loader.event_rows`) make it small. A trace that cannot be read is not: the trace gate
-    reports it (file, row, rule), as before."""
+    reports it (file, row, rule), as before. A stream replay is not: its trace may still be growing (`replab
+    generate --live`), so its size at the start says nothing about the run."""
     if request.mode != "batch":
         return False
     try:
