@@ -132,6 +132,15 @@ class GroupReplay(GroupMessages, GroupLogs):
         """The serving broker's ack point now (None = every append is acked at once)."""
         raise NotImplementedError
 
+    def _quiet(self, t: int, what: str) -> bool:
+        """Whether the derived event `what` at t, with no control event before it, would change nothing but the
+        schedule (`_skip`): the segment then runs on past it, with the same outcome."""
+        return False
+
+    def _skip(self, t: int, what: str, arg: int) -> None:
+        """A quiet derived event's effect on the schedule (the next one of its kind)."""
+        raise NotImplementedError
+
     # ==================================================================================== API
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
@@ -183,6 +192,11 @@ class GroupReplay(GroupMessages, GroupLogs):
             ck = int(c_key[ci]) if ci < len(c_key) else INF
             dk = min(self.heap[0][0] if self.heap else INF, self.cp.next_key())
             k = min(ck, dk, until_key)
+            if k < min(ck, until_key, self.cp.next_key()) and self._quiet(k // KEY, self.heap[0][2]):
+                # a derived event that would change nothing ends no segment: the next one is scheduled instead
+                _, _, what, arg = heapq.heappop(self.heap)
+                self._skip(k // KEY, what, arg)
+                continue
             self._stream(k)
             if k == until_key:
                 break

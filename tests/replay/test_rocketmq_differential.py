@@ -170,7 +170,9 @@ SLOW_LIBRARY_CASES = [
     (name, 0.1, ("rocketmq-async", "rocketmq-sync-syncflush", "rocketmq5-sync-default", "dledger-3",
                  "rocketmq-controller", "rocketmq-controller-allack",
                  "rocketmq-controller:enable_elect_unclean_master=true"))
-    for name in ("rolling-restart", "flaky-network", "slow-disk", "full-cluster-power-loss", "rack-power-loss")
+    # chaos: every fault kind, and hundreds of SyncStateSet checks, most of them quiet (`ControllerReplay._quiet`)
+    for name in ("rolling-restart", "flaky-network", "slow-disk", "full-cluster-power-loss", "rack-power-loss",
+                 "chaos")
 ]
 
 
@@ -328,3 +330,39 @@ def test_isolated_one_member_dledger_group_commits_alone():
             ((2, 1000, acked, int(Error.NONE), 1000, 1000), (True, 0)),
             ((4, 1000, acked, int(Error.NONE), 1000, 1000), (True, 1))], engine
         assert lone.unavailable == [], engine
+
+
+def test_quiet_sync_state_set_checks_end_no_segment_and_a_silent_slave_still_leaves(monkeypatch):
+    """A SyncStateSet check that would change nothing ends no compiled segment (`ControllerReplay._quiet`), and one
+    that would still runs: one group {0, 1, 2}, a message every 100 ms, both slaves caught up by every report (5 ms
+    later) until slave 2 falls silent after 19.905 s (up and reachable, a stalled fetcher). Checks at 3 s, then
+    every 5 s to 58 s (12); ha_max_time_slave_not_catchup_ms 15 s. Seen from the segment before each: the checks
+    at 3, 8 and 13 s are quiet (the slaves' catch-up time 0 + 15 s), 18 s is not and runs; from there 23 and 28 s
+    are (caught up at 17.905 s), 33 s runs, 38 s runs and removes slave 2 (18.1 s since its last catch-up). With
+    allAckInSyncStateSet the confirm offset moves again there, and both engines agree on every outcome, timeline row
+    and unavailability. After 38 s slave 2, outside the set but up, could rejoin with its old catch-up time: the
+    checks at 43-58 s run."""
+    from replay.kernels.rocketmq_controller import ControllerReplay
+    from replay.policies import parse_policy
+    from schemas.trace import Broker, Manifest
+
+    policy = parse_policy("rocketmq-controller:all_ack_in_sync_state_set=true,min_insync_replicas=2,"
+                          "slaves_per_master=2,queues_per_group=1")
+    events = []
+    for i in range(600):
+        ts = i * 100_000
+        events.append((ts, "produce", i + 1))
+        events.append((ts + 5_000, "replicate", 1, ts + 1))
+        if ts < 20_000_000:
+            events.append((ts + 5_000, "replicate", 2, ts + 1))
+    manifest = Manifest("quiet-checks", tuple(Broker(i, f"r{i}") for i in range(3)), 60_000_000)
+    table = event_table(events)
+    ran: list[int] = []
+    on_check = ControllerReplay._on_check
+    monkeypatch.setattr(ControllerReplay, "_on_check", lambda self, t, arg: (ran.append(t), on_check(self, t, arg)))
+    check_case(manifest, table, policy)
+    assert ran == [s * 1_000_000 for s in (18, 33, 38, 43, 48, 53, 58)]
+    [ref] = replay_local(policy, manifest, table, engine="reference")
+    isr = {row.ts_us: row.isr for row in ref.states}
+    assert isr[max(t for t in isr if t < 38_000_000)] == (0, 1, 2) and isr[38_000_000] == (0, 1)
+    check_chunks(manifest, table, policy, [10_000_000, 30_000_000, 40_000_000])
