@@ -247,10 +247,13 @@ class ControllerReplay(ControllerControl, SteadySegments, SeriesSegments, GroupR
             return True  # the check returns at once
         if self._serving() != m:
             return False
-        limit = self.p.ha_max_time_slave_not_catchup_ms * MS
         # a slave outside the set that is up and reachable may rejoin before t, with the lcu it has then
-        return all(int(self.lcu[i]) + limit >= t for i, b in enumerate(self.order)
-                   if b != m and (b in self.sss or self.cp.alive(b)))
+        return not any(self._not_caught_up(i, t) for i, b in enumerate(self.order)
+                       if b != m and (b in self.sss or self.cp.alive(b)))
+
+    def _not_caught_up(self, i: int, t: int) -> bool:
+        """SPEC §3.5: replica i was last caught up more than ha_max_time_slave_not_catchup_ms before t."""
+        return t - int(self.lcu[i]) > self.p.ha_max_time_slave_not_catchup_ms * MS
 
     def _skip(self, t: int, what: str, arg: int) -> None:
         self._next_check(t)
@@ -262,11 +265,10 @@ class ControllerReplay(ControllerControl, SteadySegments, SeriesSegments, GroupR
         if m is None or self.blocked or not self.cp.alive(m):
             return
         leo = int(self.log_len[self.ix[m]])
-        limit = self.p.ha_max_time_slave_not_catchup_ms * MS
         removed = False
         for f in list(self.sss):
             i = self.ix[f]
-            if f != m and t - self.lcu[i] > limit and self.fetched[i] < leo:
+            if f != m and self._not_caught_up(i, t) and self.fetched[i] < leo:
                 self.sss.remove(f)
                 removed = True
         if removed or self._serving() != m:  # else the compiled loop kept both up to date (`_quiet`)
