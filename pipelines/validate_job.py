@@ -10,11 +10,11 @@ import argparse
 
 
 def cli(args: argparse.Namespace) -> int:
-    from expectations.trace_gate import run_trace_gate
+    from expectations.trace_gate import run_trace_gate, short_lived_gate
     from storage.lakehouse import Lakehouse
     from storage.session import get_spark
 
-    spark = get_spark("replab-validate")
+    spark = get_spark("replab-validate", short_lived=short_lived_gate(args.trace))
     lakehouse = Lakehouse(args.lakehouse, spark, create=False)
     lakehouse.check_writable()
     _, result = run_trace_gate(spark, args.trace, lakehouse)
