@@ -16,7 +16,8 @@ Measured in one run, each in a fresh process as a user starts it:
   logging, and the exit (the last lines, Spark stop). The command starts its JVM on C1 only, as it does for any
   small batch replay (`engine.replay.short_lived_jvm`); the bare session is a default one;
 - replay warm: three replays of the trace in ONE process and session (`engine.replay.run_replay`), each into a new
-  lakehouse; the row is the mean of the second and third, the cost of a small replay in a session that stays up.
+  lakehouse; the row is the mean of the second and third, the cost of a small replay in a session that stays up;
+- validate new: `python -m pipelines validate` of the trace into a new lakehouse, the trace gate's fixed cost alone.
 
 CPU seconds of each process tree, of its JVMs, and of their JIT compiler threads are sampled from /proc (a fresh
 JVM compiling the code paths a replay touches is most of the fixed cost: the JVM is busy, not waiting).
@@ -78,7 +79,7 @@ spark.stop()
 
 @dataclass
 class FixedCostRow:
-    what: str  # bare, replay-new, replay-existing
+    what: str  # bare, replay-new, replay-existing, replay-warm, validate-new
     seconds: float
     steps: dict[str, float] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)  # Spark jobs started during each step
@@ -112,24 +113,38 @@ def _load() -> tuple[float, float]:
     return round(one, 2), round(five, 2)
 
 
-def bare(workdir: Path, log=print) -> FixedCostRow:
+def _process_row(what: str, cmd: list[str], workdir: Path, label: str) -> tuple[FixedCostRow, str]:
+    """Run `cmd` in a fresh process: a row with its whole wall time and its process tree's CPU, and its stdout."""
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", BARE], cwd=workdir, env=command_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=workdir, env=command_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     tree = TreeCpu(proc.pid)
     out, err = proc.communicate()
     seconds = time.monotonic() - started
     cpu = tree.stop()
     if proc.returncode:
-        raise RuntimeError(f"bare session failed: {err[-2000:]}")
-    parts = out.split()
-    inner = {parts[i]: float(parts[i + 1]) for i in range(0, len(parts) - 1, 2) if parts[i] in
-             ("start", "stop")}
+        raise RuntimeError(f"{label} failed: {err[-2000:]}")
     one, five = _load()
-    row = FixedCostRow("bare", round(seconds, 2), inner, load_avg_1m=one, load_avg_5m=five, cpu_s=round(cpu, 1),
-                       jvm_cpu_s=round(tree.jvm_seconds(), 1), jit_cpu_s=round(tree.jit_seconds(), 1))
-    log(f"bare session start + stop: {row.seconds:.1f} s ({inner}) load {one} {five}; CPU {row.cpu_s} s, JVM "
-        f"{row.jvm_cpu_s}, JIT {row.jit_cpu_s}")
+    return FixedCostRow(what, round(seconds, 2), load_avg_1m=one, load_avg_5m=five, cpu_s=round(cpu, 1),
+                        jvm_cpu_s=round(tree.jvm_seconds(), 1), jit_cpu_s=round(tree.jit_seconds(), 1)), out
+
+
+def bare(workdir: Path, log=print) -> FixedCostRow:
+    row, out = _process_row("bare", [sys.executable, "-c", BARE], workdir, "bare session")
+    parts = out.split()
+    row.steps = {parts[i]: float(parts[i + 1]) for i in range(0, len(parts) - 1, 2) if parts[i] in ("start", "stop")}
+    log(f"bare session start + stop: {row.seconds:.1f} s ({row.steps}) load {row.load_avg_1m} {row.load_avg_5m}; "
+        f"CPU {row.cpu_s} s, JVM {row.jvm_cpu_s}, JIT {row.jit_cpu_s}")
+    return row
+
+
+def validate(workdir: Path, trace: Path, lakehouse: Path, log=print) -> FixedCostRow:
+    """`replab validate` of the trace into a new lakehouse, in a fresh process: the trace gate's fixed cost alone
+    (its JVM on C1 only, as for any trace the driver checks: `expectations.trace_gate.short_lived_gate`)."""
+    row, _ = _process_row("validate-new", [sys.executable, "-m", "pipelines", "validate", "--trace", str(trace),
+                                           "--lakehouse", str(lakehouse)], workdir, "replab validate")
+    log(f"replab validate into a new lakehouse: {row.seconds:.1f} s load {row.load_avg_1m} {row.load_avg_5m}; "
+        f"CPU {row.cpu_s} s, JVM {row.jvm_cpu_s}, JIT {row.jit_cpu_s}")
     return row
 
 
@@ -181,11 +196,13 @@ def run(repeat: int = 1, *, workdir: str | None = None, log=print,
             new = replay("replay-new", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
             existing = replay("replay-existing", run_dir, trace, run_dir / "lakehouse", uri, log, profiles)
             warm_row = warm(run_dir, trace, uri, log=log)
-            for r in (new, existing, warm_row):
+            gate = validate(run_dir, trace, run_dir / "validated", log)
+            for r in (new, existing, warm_row, gate):
                 r.ratio_to_bare = round(r.seconds / b.seconds, 2)
-            rows += [b, new, existing, warm_row]
+            rows += [b, new, existing, warm_row, gate]
             log(f"replay into a new lakehouse / bare = {new.ratio_to_bare:.2f}; into an existing one = "
-                f"{existing.ratio_to_bare:.2f}; in a session that stays up = {warm_row.ratio_to_bare:.2f}")
+                f"{existing.ratio_to_bare:.2f}; in a session that stays up = {warm_row.ratio_to_bare:.2f}; "
+                f"replab validate / bare = {gate.ratio_to_bare:.2f}")
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)

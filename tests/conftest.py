@@ -13,6 +13,7 @@ import fcntl
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,33 @@ def spark(tmp_path_factory):
 @pytest.fixture
 def lakehouse(tmp_path) -> Path:
     return tmp_path / "lakehouse"
+
+
+class SparkNotStarted(Exception):
+    """Raised by `spark_start_spy` in place of starting Spark."""
+
+
+@dataclass
+class SparkStartSpy:
+    #: `short_lived` as each `get_spark` call asked for it (a JVM on C1 only, `storage.session.C1_ONLY`).
+    asked: list[bool] = field(default_factory=list)
+    started: type[Exception] = SparkNotStarted
+
+
+@pytest.fixture
+def spark_start_spy(monkeypatch) -> SparkStartSpy:
+    """`storage.session.get_spark` replaced by a spy that records how a CLI asked for its session, then raises
+    `spy.started`: what the command decided before Spark starts, without starting it."""
+    import storage.session
+
+    spy = SparkStartSpy()
+
+    def get_spark(app_name="replab", **kwargs):
+        spy.asked.append(kwargs.get("short_lived", False))
+        raise SparkNotStarted(app_name)
+
+    monkeypatch.setattr(storage.session, "get_spark", get_spark)
+    return spy
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -149,32 +149,20 @@ def test_cli_process_exit_code_2(tmp_path):
     assert len(lines) == 1 and "row 8" in lines[0] and "[rule: msg-id-duplicate]" in lines[0]
 
 
-class _Started(Exception):
-    """Raised by the spy in place of starting Spark: the test needs only how `replab validate` asked for it."""
-
-
 @pytest.mark.parametrize(("limit", "short_lived"), [(None, True), (7, True), (6, False)],
                          ids=["small", "at-the-limit", "over-the-limit"])
-def test_validate_starts_a_short_lived_jvm_only_for_a_trace_the_driver_checks(tmp_path, monkeypatch, limit,
-                                                                               short_lived):
+def test_validate_starts_a_short_lived_jvm_only_for_a_trace_the_driver_checks(tmp_path, monkeypatch, spark_start_spy,
+                                                                               limit, short_lived):
     """`replab validate` starts its JVM on C1 only when the trace has at most `LOCAL_ROWS` events (counted before
     Spark starts); a trace that cannot be read is not short-lived, the gate reports it."""
-    import storage.session
     from expectations import trace_gate
 
-    asked = []
-
-    def spy(app_name="replab", **kwargs):
-        asked.append(kwargs.get("short_lived", False))
-        raise _Started
-
-    monkeypatch.setattr(storage.session, "get_spark", spy)
     if limit is not None:
         monkeypatch.setattr(trace_gate, "LOCAL_ROWS", limit)
     trace = make_trace(tmp_path / "trace", GOOD)  # 7 events
-    with pytest.raises(_Started):
+    with pytest.raises(spark_start_spy.started):
         main(["validate", "--trace", str(trace), "--lakehouse", str(tmp_path / "lh")])
-    assert asked == [short_lived]
+    assert spark_start_spy.asked == [short_lived]
     assert not trace_gate.short_lived_gate(tmp_path / "missing")
 
 

@@ -85,38 +85,26 @@ def test_the_same_policy_twice_is_bad_input(replayed, capsys):
     assert "same policy" in capsys.readouterr().err
 
 
-class _Started(Exception):
-    """Raised by the spy in place of starting Spark: the test needs only how `replab replay` asked for it."""
-
-
 @pytest.mark.parametrize(("extra", "limit", "short_lived"), [
     ([], None, True),  # 5 events x 1 policy: small
     (["--policy", "kafka-durable"], 10, True),  # 5 x 2 = the limit
     (["--policy", "kafka-durable"], 9, False),  # one over it
     (["--mode", "stream"], None, False),  # a stream's trace may still be growing: its size at start says nothing
 ], ids=["small", "at-the-limit", "over-the-limit", "stream"])
-def test_replay_starts_a_short_lived_jvm_only_for_a_small_batch_replay(tmp_path, monkeypatch, extra, limit,
-                                                                        short_lived):
+def test_replay_starts_a_short_lived_jvm_only_for_a_small_batch_replay(tmp_path, monkeypatch, spark_start_spy, extra,
+                                                                        limit, short_lived):
     """`replab replay` starts its JVM on C1 only (`get_spark(short_lived=True)`) when the trace's events times
     the policies are at most `engine.replay.SMALL_REPLAY_OUTCOMES`, counted before Spark starts."""
-    import storage.session
     from bench.fixed_cost_bench import write_tiny_trace
     from engine import replay as engine_replay
 
-    asked = []
-
-    def spy(app_name="replab", **kwargs):
-        asked.append(kwargs.get("short_lived", False))
-        raise _Started
-
-    monkeypatch.setattr(storage.session, "get_spark", spy)
     if limit is not None:
         monkeypatch.setattr(engine_replay, "SMALL_REPLAY_OUTCOMES", limit)
     trace = write_tiny_trace(tmp_path / "trace")  # 5 events: 3 produce, 2 replicate
-    with pytest.raises(_Started):
+    with pytest.raises(spark_start_spy.started):
         main(["replay", "--trace", str(trace), "--policy", "kafka-acks1", "--no-mlflow",
               "--lakehouse", str(tmp_path / "lh"), *extra])
-    assert asked == [short_lived]
+    assert spark_start_spy.asked == [short_lived]
 
 
 def test_a_missing_trace_is_not_short_lived():
