@@ -76,6 +76,7 @@ def short_lived_gate(trace: str | Path) -> bool:
     except Exception:  # a missing trace, a bad manifest, a corrupt Parquet footer: the gate's to report
         return False
 
+
 _SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString
 
 
