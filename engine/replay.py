@@ -39,7 +39,7 @@ from engine.plan import (
     run_records,
 )
 from storage.session import local_frame, uncompressed_cache
-from storage.trace_loader import ProduceStats, TraceDigest, event_rows, locate
+from storage.trace_loader import ProduceStats, TraceDigest, locate, rows_before_start
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -370,16 +370,12 @@ def replay_expressions(spark, digest: TraceDigest | None, policies: int):
 def short_lived_jvm(request: ReplayRequest) -> bool:
     """Whether the process that runs `request` alone (`replab replay`) may start its JVM on C1 only: a batch
     replay whose trace's events (an upper bound of its produced messages, counted before Spark starts:
-    `storage.trace_loader.event_rows`) make it small. A trace that cannot be read is not: the trace gate
+    `storage.trace_loader.rows_before_start`) make it small. A trace that cannot be read is not: the trace gate
     reports it (file, row, rule), as before. A stream replay is not: its trace may still be growing (`replab
     generate --live`), so its size at the start says nothing about the run."""
     if request.mode != "batch":
         return False
-    try:
-        rows = event_rows(locate(request.trace))
-    except Exception:  # a missing trace, a bad manifest, a corrupt Parquet footer: the gate's to report
-        return False
-    return small_replay(rows, len(request.policies))
+    return small_replay(rows_before_start(request.trace), len(request.policies))
 
 
 def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:

@@ -68,13 +68,11 @@ def short_lived_gate(trace: str | Path) -> bool:
     rules computed on the driver and leaves the JVM a few small queries and commits, over before C2's code pays off
     (three messages: 21.2-22.9 s and 24-27 CPU-s against 25.8-28.1 s and 38-43 CPU-s; 649 k events: 18.5-19.9 s
     against 21.5-23.6 s; bench/HISTORY.md, eleventh session). Counted before Spark starts
-    (`storage.trace_loader.event_rows`). A trace that cannot be read is not: the gate reports it (file, row, rule)."""
-    from storage.trace_loader import event_rows, locate
+    (`storage.trace_loader.rows_before_start`). A trace that cannot be read is not: the gate reports it."""
+    from storage.trace_loader import rows_before_start
 
-    try:
-        return event_rows(locate(trace)) <= LOCAL_ROWS
-    except Exception:  # a missing trace, a bad manifest, a corrupt Parquet footer: the gate's to report
-        return False
+    rows = rows_before_start(trace)
+    return rows is not None and rows <= LOCAL_ROWS
 
 
 _SPARK_TYPE_NAMES = {"int64": "bigint", "int32": "int", "string": "string"}  # Spark simpleString

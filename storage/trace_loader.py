@@ -232,6 +232,17 @@ def event_rows(tf: TraceFiles) -> int:
     return sum(f.metadata.num_rows for f in pads.dataset(tf.events_path, format="parquet").get_fragments())
 
 
+def rows_before_start(trace: str | Path) -> int | None:
+    """`event_rows` of the trace at `trace`, or None when it cannot be read (missing, a bad manifest, a corrupt
+    Parquet footer): what a CLI decides before Spark starts (`engine.replay.short_lived_jvm`,
+    `expectations.trace_gate.short_lived_gate`) leaves such a trace to the trace gate, which reports it by file,
+    row and rule."""
+    try:
+        return event_rows(locate(trace))
+    except Exception:  # the gate's to report, not this count's
+        return None
+
+
 def read_events_located(tf: TraceFiles) -> pa.Table:
     """A trace's events in Arrow on the driver, with LOCATION_COLUMNS as `read_events_spark(...,
     with_location=True)` has them, in (file, row) order: what the trace gate checks a small trace on."""

@@ -161,3 +161,15 @@ def test_event_rows_of_a_parquet_trace_reads_its_footers(tmp_path):
     for i in range(3):
         pq.write_table(table, tmp_path / "pq" / "events" / f"part-{i}.parquet")
     assert event_rows(locate(tmp_path / "pq")) == 6
+
+
+def test_rows_before_start_counts_a_readable_trace_and_leaves_the_rest_to_the_gate(tmp_path):
+    from storage.trace_loader import rows_before_start
+
+    (tmp_path / "ok").mkdir()
+    assert rows_before_start(make_trace(tmp_path / "ok", "0,crash,0,,,,,\n5,produce,,1,k,10,0,\n")) == 2
+    assert rows_before_start(tmp_path / "missing") is None
+    (tmp_path / "corrupt" / "events").mkdir(parents=True)
+    (tmp_path / "corrupt" / "manifest.json").write_text(json.dumps(MANIFEST))
+    (tmp_path / "corrupt" / "events" / "part-0.parquet").write_bytes(b"not a parquet file")
+    assert rows_before_start(tmp_path / "corrupt") is None
