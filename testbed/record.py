@@ -231,8 +231,19 @@ def idempotent(policy: KafkaPolicy) -> bool:
     return policy.acks is Acks.ALL
 
 
+#: Requests in flight per broker connection for the idempotent (acks=all) producer. A Kafka broker reads one
+#: request per connection at a time (it mutes the channel until the response is sent: KafkaChannel's
+#: MUTED_AND_RESPONSE_PENDING), and it answers an acks=all produce once the high watermark passes, so a second
+#: request in flight gains one loopback round trip. librdkafka 2.16's broker threads busy-poll while an idempotent
+#: producer has more than one request in flight: at 200 messages/s and a 1 s follower fetch that took 1.6 cores of
+#: this 2-core machine from the brokers being measured (the fast testbed case: 96 → 43-45 CPU-s in all, observed
+#: acks=all ack p50 8.6-8.7 → 5.1 s; bench/HISTORY.md). The acks=1 producer does not spin; it keeps the default.
+IDEMPOTENT_IN_FLIGHT = 1
+
+
 def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
     acks = {Acks.ZERO: "0", Acks.ONE: "1", Acks.ALL: "all"}[policy.acks]
+    in_flight = {"max.in.flight.requests.per.connection": IDEMPOTENT_IN_FLIGHT} if idempotent(policy) else {}
     return {
         "bootstrap.servers": bootstrap,
         "acks": acks,
@@ -244,6 +255,7 @@ def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
         "linger.ms": 0,
         "topic.metadata.refresh.interval.ms": policy.metadata_max_age_ms,
         "log_level": 0,
+        **in_flight,
     }
 
 

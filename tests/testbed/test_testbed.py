@@ -141,5 +141,8 @@ def test_producer_settings_follow_the_policy():
     c1, c_all = producer_config(acks1, "b:9092"), producer_config(acks_all, "b:9092")
     assert (c1["acks"], c1["enable.idempotence"], idempotent(acks1)) == ("1", False, False)
     assert (c_all["acks"], c_all["enable.idempotence"], idempotent(acks_all)) == ("all", True, True)
+    # One idempotent request in flight (librdkafka busy-polls beyond it; testbed.record.IDEMPOTENT_IN_FLIGHT); the
+    # acks=1 producer keeps librdkafka's default.
+    assert c_all["max.in.flight.requests.per.connection"] == 1 and "max.in.flight.requests.per.connection" not in c1
     assert c_all["request.timeout.ms"] == acks_all.request_timeout_ms
     assert c_all["delivery.timeout.ms"] == acks_all.delivery_timeout_ms
