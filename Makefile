@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(VENV)/bin/replab demo
 
 # The suite on two xdist workers (a test file is one unit of work, tests/conftest.py) and, beside it, the
-# testbed's fast case: a real Kafka cluster on a 60-second timeline that needs about 0.6 of a core, so it runs at
+# testbed's fast case: a real Kafka cluster on a 60-second timeline that needs about half a core, so it runs at
 # normal priority and the suite's processes at nice 10 take what it leaves (its sampling and loss agreement hold;
 # bench/HISTORY.md, twelfth session). Its output follows the suite's; either failing fails `make test`.
 TEST_WORKERS ?= 2
