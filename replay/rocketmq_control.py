@@ -91,6 +91,7 @@ R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerIm
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,6 +185,11 @@ class ControlPlane:
         self.reg_broker: int | None = members[0]
         self.registered = True
         self.ns_pending = False
+        self.handlers = self._handlers()
+
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
+        return {"ns": self._on_ns, "poll": self._on_poll}
 
     # ------------------------------------------------------------------------------------ plumbing
     def alive(self, b: int) -> bool:
@@ -211,7 +217,7 @@ class ControlPlane:
         """Apply the next derived event; returns its key."""
         k = self.next_key()
         _, _, what, arg, _ = heapq.heappop(self.heap)
-        getattr(self, "_on_" + what)(k // KEY, arg)
+        self.handlers[what](k // KEY, arg)
         return k
 
     def writable(self) -> bool:
@@ -314,6 +320,9 @@ class DLedgerControl(ControlPlane):
         self.silent_since: int | None = None  # when the current leader stopped reaching the group
         self.waiting = False  # leaderless, noticed, waiting for a majority to vote
         self.stepdown_pending = False
+
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        return {**super()._handlers(), "stepdown": self._on_stepdown, "elect": self._on_elect}
 
     def writable(self) -> bool:
         """R-1: the client-known broker (`target`, set at route polls) is still the leader and is up. R-4
@@ -424,6 +433,10 @@ class ControllerControl(ControlPlane):
         self.maybe_in = {b: True for b in members}  # False: certainly out of the SyncStateSet
         self.hk: dict[int, int] = {}  # slave -> when the master's HA housekeeping closes its silent connection
         self.frozen: dict[int, int] = {}  # isolated master -> SyncStateSet size it knew when it was cut off
+
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        return {**super()._handlers(), "housekeeping": self._on_housekeeping, "detect": self._on_detect,
+                "elect": self._on_elect}
 
     def writable(self) -> bool:
         """R-1: the client-known broker is still the master (or a zombie that believes it is) and is up."""

@@ -176,3 +176,41 @@ def test_no_import_cycle():
 def test_no_private_name_of_another_module():
     _, edges = graph()
     assert private_imports(edges) == []
+
+
+#: Issue 15's readability rules for the replay engines (kernels, reference interpreters, control planes): a class
+#: of about 300 lines at most, and derived events dispatched through a handler table.
+MAX_CLASS_LINES = 350
+
+
+def long_classes(root: Path = REPO, limit: int = MAX_CLASS_LINES) -> list[tuple[str, str, int]]:
+    out = []
+    for file in sorted((root / "replay").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > limit:
+                out.append((module_name(file, root), node.name, node.end_lineno - node.lineno + 1))
+    return out
+
+
+def name_dispatches(root: Path = REPO) -> list[tuple[str, int]]:
+    """`getattr(obj, "_on_" + what)` or `getattr(obj, f"_on_{what}")`: a handler looked up by a name built at the
+    call (a dataclass field's name, `getattr(self, f.name)`, is not one)."""
+    out = []
+    for file in sorted((root / "replay").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                    and len(node.args) >= 2 and isinstance(node.args[1], (ast.BinOp, ast.JoinedStr)):
+                out.append((module_name(file, root), node.lineno))
+    return out
+
+
+def test_replay_classes_stay_short_and_dispatch_through_tables(tmp_path):
+    assert long_classes() == []
+    assert name_dispatches() == []
+    # the checks see what they look for
+    (tmp_path / "replay").mkdir()
+    (tmp_path / "replay" / "x.py").write_text("class Big:\n" + "    a = 1\n" * MAX_CLASS_LINES +
+                                              "def f(self, what):\n    getattr(self, '_on_' + what)()\n"
+                                              "    getattr(self, f'_on_{what}')()\n    getattr(self, what)\n")
+    assert long_classes(tmp_path) == [("replay.x", "Big", MAX_CLASS_LINES + 1)]
+    assert name_dispatches(tmp_path) == [("replay.x", MAX_CLASS_LINES + 3), ("replay.x", MAX_CLASS_LINES + 4)]

@@ -52,6 +52,7 @@ from __future__ import annotations
 import copy
 import heapq
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,8 +160,14 @@ class GroupReference:
         self.avail: list[tuple[int, bool, int | None]] = []
         self.replication_bytes = 0
         self.virtual = False
+        self.handlers = self._handlers()
 
     # --------------------------------------------------------------------------------------- plumbing
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
+        return {"noop": self._on_noop, "flush": self._on_flush, "arrive": self._on_arrive,
+                "answer": self._on_answer, "deadline": self._on_deadline}
+
     def _push(self, t: int, code: int, what: str, arg: int = 0, sub: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t * KEY + code, sub, self.seq, what, arg))
@@ -265,7 +272,7 @@ class GroupReference:
                     i += 1
                 else:
                     _, _, _, what, arg = heapq.heappop(self.heap)
-                    getattr(self, "_on_" + what)(t, arg)
+                    self.handlers[what](t, arg)
             self._end_instant(t)
         return self._finish()
 
@@ -697,6 +704,9 @@ class DLedgerReference(GroupReference):
         self.stepdown_at = None
         self._push(_next_poll(self.p, t), C_POLL, "poll")  # R-1: the next poll finds no master
 
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        return {**super()._handlers(), "poll": self._on_poll, "stepdown": self._on_stepdown, "elect": self._on_elect}
+
     def _on_poll(self, t: int, _: int) -> None:
         """SPEC §3.7 R-1: at every route poll clients learn the group's leader of that moment (none if none)."""
         self.target = self.leader
@@ -939,6 +949,10 @@ class ControllerReference(GroupReference):
         if b not in self.sss and self.rep[b].fetched >= self.hw:
             self.sss = self._in_order([*self.sss, b])  # a slave rejoins once it reaches the confirm offset
             self._recompute_hw(t)
+
+    def _handlers(self) -> dict[str, Callable[[int, int], None]]:
+        return {**super()._handlers(), "check": self._on_check, "housekeeping": self._on_housekeeping,
+                "detect": self._on_detect, "elect": self._on_elect, "poll": self._on_poll}
 
     def _on_check(self, t: int, _: int) -> None:
         """SPEC §3.5: a slave not caught up for ha_max_time_slave_not_catchup_ms leaves the SyncStateSet; checked
