@@ -8,7 +8,8 @@ import copy
 import numpy as np
 
 from replay.policies import Acks
-from replay.reference.kafka_state import MS, Entry
+from replay.reference.kafka_state import MS
+from replay.reference.records import epoch_runs, message_records
 from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge, merge_intervals
 
 
@@ -75,7 +76,7 @@ class ReferenceOutputs:
         if final.leader is not None:
             for r in final.rep.values():
                 final._truncate_to_leader(r)
-        final_runs = None if final.leader is None else _runs(final.rep[final.leader].log)
+        final_runs = None if final.leader is None else epoch_runs(final.rep[final.leader].log)
         view = FinalView(final_runs, *end_view)
         return PartitionResult(self.partition, judge(self._records(), view), self.rows,
                                self._unavailable_intervals(), self.replication_bytes)
@@ -83,32 +84,12 @@ class ReferenceOutputs:
     def _end_view(self) -> tuple[np.ndarray, int, bool]:
         srv = self._serving()
         if srv is None:
-            return _runs([]), 0, False
-        return _runs(self.rep[srv].log), self._serving_hw(), True
+            return epoch_runs([]), 0, False
+        return epoch_runs(self.rep[srv].log), self._serving_hw(), True
 
     def _records(self) -> MessageRecords:
-        msgs = [self.msgs[k] for k in sorted(self.msgs)]
-        last = [m.positions[-1] if m.positions else (-1, -1) for m in msgs]
-        extra = [(m.msg_id, e, o) for m in msgs for (e, o) in m.positions[:-1]]
-        rec = MessageRecords(
-            np.array([m.msg_id for m in msgs], dtype=np.int64),
-            np.array([m.produce_us for m in msgs], dtype=np.int64),
-            np.array([m.status for m in msgs], dtype=np.int8),
-            np.array([m.error for m in msgs], dtype=np.int8),
-            np.array([m.ack_us for m in msgs], dtype=np.int64),
-            np.array([m.visible_us for m in msgs], dtype=np.int64),
-            np.array([p[0] for p in last], dtype=np.int64),
-            np.array([p[1] for p in last], dtype=np.int64),
-        )
-        rec.extra_positions = np.array(extra, dtype=np.int64).reshape(-1, 3)
+        msgs, rec = message_records(self.msgs)
+        # earlier appends of retried messages: a copy of one may survive where the latest does not
+        rec.extra_positions = np.array([(m.msg_id, e, o) for m in msgs for (e, o) in m.positions[:-1]],
+                                       dtype=np.int64).reshape(-1, 3)
         return rec
-
-
-def _runs(log: list[Entry]) -> np.ndarray:
-    out: list[list[int]] = []
-    for offset, entry in enumerate(log):
-        if out and out[-1][0] == entry.epoch:
-            out[-1][2] = offset + 1
-        else:
-            out.append([entry.epoch, offset, offset + 1])
-    return np.array(out, dtype=np.int64).reshape(-1, 3)

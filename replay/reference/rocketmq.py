@@ -71,6 +71,7 @@ from replay.policies import (
     RocketMQControllerPolicy,
     RocketMQPolicy,
 )
+from replay.reference.records import epoch_runs, message_records
 from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge, merge_intervals
 from replay.rocketmq_control import (
     C_ARRIVE,
@@ -446,23 +447,12 @@ class GroupReference:
         final.virtual = True
         final.heap = []
         final_log = final._recover(self.duration_us)  # SPEC §4.1: every broker back, rules run to the end
-        view = FinalView(None if final_log is None else _runs(final_log), end_runs, end_hw, end_up)
+        view = FinalView(None if final_log is None else epoch_runs(final_log), end_runs, end_hw, end_up)
         return PartitionResult(self.unit, judge(self._records(), view), self.rows, self._unavailable_intervals(),
                                self.replication_bytes)
 
     def _records(self) -> MessageRecords:
-        msgs = [self.msgs[k] for k in sorted(self.msgs)]
-        last = [m.positions[-1] if m.positions else (-1, -1) for m in msgs]
-        rec = MessageRecords(
-            np.array([m.msg_id for m in msgs], dtype=np.int64),
-            np.array([m.produce_us for m in msgs], dtype=np.int64),
-            np.array([m.status for m in msgs], dtype=np.int8),
-            np.array([m.error for m in msgs], dtype=np.int8),
-            np.array([m.ack_us for m in msgs], dtype=np.int64),
-            np.array([m.visible_us for m in msgs], dtype=np.int64),
-            np.array([p[0] for p in last], dtype=np.int64),
-            np.array([p[1] for p in last], dtype=np.int64),
-        )
+        msgs, rec = message_records(self.msgs)
         keys = sorted({k for m in msgs for k in m.payload})
         rec.payload = {k: np.array([m.payload.get(k, -1) for m in msgs], dtype=np.int64) for k in keys}
         return rec
@@ -483,16 +473,6 @@ class GroupReference:
     def _restart(self, t: int, b: int) -> None: ...
 
     def _heal(self, t: int, b: int) -> None: ...
-
-
-def _runs(log: list[Entry]) -> np.ndarray:
-    out: list[list[int]] = []
-    for offset, entry in enumerate(log):
-        if out and out[-1][0] == entry.epoch:
-            out[-1][2] = offset + 1
-        else:
-            out.append([entry.epoch, offset, offset + 1])
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
 # ================================================================================ rocketmq (§3.3)
@@ -596,8 +576,8 @@ class ClassicReference(GroupReference):
     def _end_view(self):
         r = self._reader()
         if r is None:
-            return _runs([]), 0, False
-        return _runs(r.log), len(r.log), True
+            return epoch_runs([]), 0, False
+        return epoch_runs(r.log), len(r.log), True
 
     def _recover(self, t: int) -> list[Entry]:
         m = self.rep[self.master]
@@ -798,8 +778,8 @@ class DLedgerReference(GroupReference):
     def _end_view(self):
         ldr = self.leader
         if ldr is None or not self.rep[ldr].up:
-            return _runs([]), 0, False
-        return _runs(self.rep[ldr].log), self.commit, True
+            return epoch_runs([]), 0, False
+        return epoch_runs(self.rep[ldr].log), self.commit, True
 
     def _recover(self, t: int) -> list[Entry]:
         for r in self.rep.values():
@@ -1150,8 +1130,8 @@ class ControllerReference(GroupReference):
     def _end_view(self):
         srv = self._serving()
         if srv is None:
-            return _runs([]), 0, False
-        return _runs(self.rep[srv].log), self._visible_point(srv), True
+            return epoch_runs([]), 0, False
+        return epoch_runs(self.rep[srv].log), self._visible_point(srv), True
 
     def _recover(self, t: int) -> list[Entry]:
         """SPEC §4.1: a down master's new incarnation registers and the controller elects (every replica is
