@@ -9,8 +9,8 @@ import numpy as np
 
 from replay.policies import Acks
 from replay.reference.kafka_state import MS
-from replay.reference.records import epoch_runs, message_records
-from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge, merge_intervals
+from replay.reference.records import epoch_runs, message_records, unavailable_intervals
+from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge
 
 
 class ReferenceOutputs:
@@ -50,15 +50,7 @@ class ReferenceOutputs:
         return False, log[hw].append_us + self.p.request_timeout_ms * MS
 
     def _unavailable_intervals(self) -> list[tuple[int, int]]:
-        out = []
-        points = self.avail
-        for j, (t, blocked, stall_from) in enumerate(points):
-            end = points[j + 1][0] if j + 1 < len(points) else self.duration_us
-            if blocked:
-                out.append((t, end))
-            elif stall_from is not None:
-                out.append((max(t, stall_from), end))
-        return merge_intervals(out)
+        return unavailable_intervals(self.avail, self.duration_us)
 
     # ---------------------------------------------------------------------------- end of trace (§4.1)
     def _finish(self) -> PartitionResult:

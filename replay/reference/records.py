@@ -1,5 +1,5 @@
-"""What both reference interpreters hand the judgement (SPEC §4.1-4.2): a log as runs of one epoch, and every
-message's outcome fields as `MessageRecords`."""
+"""What both reference interpreters hand the judgement and the outputs (SPEC §4.1-4.3): a log as runs of one
+epoch, every message's outcome fields as `MessageRecords`, and the unit's unavailable intervals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from replay.results import MessageRecords
+from replay.results import MessageRecords, merge_intervals
 
 
 class LogEntry(Protocol):
@@ -50,3 +50,16 @@ def message_records(msgs: Mapping[int, Message]) -> tuple[list[Message], Message
         np.array([p[0] for p in last], dtype=np.int64),
         np.array([p[1] for p in last], dtype=np.int64),
     )
+
+
+def unavailable_intervals(avail: list[tuple[int, bool, int | None]], duration_us: int) -> list[tuple[int, int]]:
+    """The unit's unavailable intervals from its state after each instant, (instant, no broker serves clients or
+    they are refused, from when requests time out or None), each state holding until the next instant's."""
+    out = []
+    for j, (t, blocked, stall_from) in enumerate(avail):
+        end = avail[j + 1][0] if j + 1 < len(avail) else duration_us
+        if blocked:
+            out.append((t, end))
+        elif stall_from is not None:
+            out.append((max(t, stall_from), end))
+    return merge_intervals(out)

@@ -71,8 +71,8 @@ from replay.policies import (
     RocketMQControllerPolicy,
     RocketMQPolicy,
 )
-from replay.reference.records import epoch_runs, message_records
-from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge, merge_intervals
+from replay.reference.records import epoch_runs, message_records, unavailable_intervals
+from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge
 from replay.rocketmq_control import (
     C_ARRIVE,
     C_CHECK,
@@ -432,14 +432,7 @@ class GroupReference:
         return None if commit >= len(log) else log[commit].append_us + timeout_ms * MS
 
     def _unavailable_intervals(self) -> list[tuple[int, int]]:
-        out = []
-        for j, (t, blocked, stall_from) in enumerate(self.avail):
-            end = self.avail[j + 1][0] if j + 1 < len(self.avail) else self.duration_us
-            if blocked:
-                out.append((t, end))
-            elif stall_from is not None:
-                out.append((max(t, stall_from), end))
-        return merge_intervals(out)
+        return unavailable_intervals(self.avail, self.duration_us)
 
     def _finish(self) -> PartitionResult:
         end_runs, end_hw, end_up = self._end_view()
