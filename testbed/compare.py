@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from schemas.trace import Kind
-from testbed.record import Recording, topic_of
+from testbed.observe import Recording
+from testbed.schedule import topic_of
 
 #: SPEC §12's figures, in the order comparison.json and the tables give them.
 COMPARED = ("produced", "acked", "failed", "pending", "acked_lost", "failed_committed",

@@ -40,7 +40,9 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
     tracking code); without it no Spark starts at all (the fast test).
     """
-    from testbed.record import run_cluster, schedule_from_scenario, write_trace
+    from testbed.record import run_cluster
+    from testbed.schedule import schedule_from_scenario
+    from testbed.trace_writer import write_trace
 
     t_start = time.monotonic()
     out = Path(out)
@@ -61,7 +63,7 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     else:
         cases = compare_local(rec, manifest, trace, policies, labels)
     # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
-    # for the instants the trace records (testbed.record.Transition).
+    # for the instants the trace records (testbed.observe.Transition).
     faults = rec.fault_instants()
     (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
                                                     indent=1) + "\n")

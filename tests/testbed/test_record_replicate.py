@@ -1,9 +1,11 @@
-"""The recorder's replicate events from the followers' log ends (`testbed.record.replicate_events`). No cluster:
+"""The recorder's replicate events from the followers' log ends (`testbed.trace_writer.replicate_events`). No cluster:
 a scripted recording where every record reaches its leader 0.8-2.2 ms after it was sent, as on a busy host."""
 
 from __future__ import annotations
 
-from testbed.record import HELD_BACK_US, Delivery, Recording, Sample, replicate_events, topic_of
+from testbed.observe import Delivery, Recording, Sample
+from testbed.schedule import topic_of
+from testbed.trace_writer import HELD_BACK_US, replicate_events
 
 TOPIC = topic_of(0)
 #: msg_id -> (sent µs, offset, LogAppendTime ms); the clock starts at 0

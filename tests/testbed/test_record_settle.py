@@ -1,9 +1,9 @@
-"""The recorder's reads of the followers' log ends after a crash or an isolation (`testbed.record.settled_reads`):
+"""The recorder's reads of the followers' log ends after a crash or an isolation (`testbed.observe.settled_reads`):
 read again every SETTLE_MS until two reads agree, for at most SETTLE_MAX_MS. No cluster: a scripted sampler."""
 
 from __future__ import annotations
 
-from testbed.record import SETTLE_MAX_MS, SETTLE_MS, Sample, settled_reads
+from testbed.observe import SETTLE_MAX_MS, SETTLE_MS, Sample, settled_reads
 
 
 class ScriptedSampler:

@@ -127,7 +127,7 @@ def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
         assert case.loss_agrees, (case.policy, case.predicted["acked_lost"], case.observed["acked_lost"])
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
     # The idempotent (acks=all) producer delivered a warm-up record to every partition before the clock started,
-    # so no scenario message was a partition's first batch (testbed.record._warm_up); acks=1 needs none.
+    # so no scenario message was a partition's first batch (testbed.clients.warm_up); acks=1 needs none.
     assert leader_crash.recording.warmup == [0, 1]
     assert acks1.agreement["status"] > 0.5
 
@@ -135,13 +135,13 @@ def test_zero_versus_nonzero_acked_loss_agrees(leader_crash):
 def test_producer_settings_follow_the_policy():
     """Each policy's producer: acks, timeouts and backoff from the policy; idempotence (and so the warm-up) only
     with acks=all, the one mode librdkafka allows it in. No cluster needed."""
-    from testbed.record import idempotent, producer_config
+    from testbed.clients import idempotent, producer_config
 
     acks1, acks_all = (parse_policy(p) for p in POLICIES)
     c1, c_all = producer_config(acks1, "b:9092"), producer_config(acks_all, "b:9092")
     assert (c1["acks"], c1["enable.idempotence"], idempotent(acks1)) == ("1", False, False)
     assert (c_all["acks"], c_all["enable.idempotence"], idempotent(acks_all)) == ("all", True, True)
-    # One idempotent request in flight (librdkafka busy-polls beyond it; testbed.record.IDEMPOTENT_IN_FLIGHT); the
+    # One idempotent request in flight (librdkafka busy-polls beyond it; testbed.clients.IDEMPOTENT_IN_FLIGHT); the
     # acks=1 producer keeps librdkafka's default.
     assert c_all["max.in.flight.requests.per.connection"] == 1 and "max.in.flight.requests.per.connection" not in c1
     assert c_all["request.timeout.ms"] == acks_all.request_timeout_ms

@@ -1,0 +1,182 @@
+"""The confluent-kafka clients of a testbed run: one producer per policy (its acks, timeouts, retry backoff,
+idempotence), the warm-up before the clock starts, and the verifying consumer that reads every record back."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from replay.policies import Acks, KafkaPolicy
+
+
+def idempotent(policy: KafkaPolicy) -> bool:
+    """SPEC §3.1: producers never duplicate. librdkafka allows idempotence with acks=all only."""
+    return policy.acks is Acks.ALL
+
+
+#: Requests in flight per broker connection for the idempotent (acks=all) producer. A Kafka broker reads one
+#: request per connection at a time (it mutes the channel until the response is sent: KafkaChannel's
+#: MUTED_AND_RESPONSE_PENDING), and it answers an acks=all produce once the high watermark passes, so a second
+#: request in flight gains one loopback round trip. librdkafka 2.16's broker threads busy-poll while an idempotent
+#: producer has more than one request in flight: at 200 messages/s and a 1 s follower fetch that took 1.6 cores of
+#: this 2-core machine from the brokers being measured (the fast testbed case: 96 → 43-45 CPU-s in all, observed
+#: acks=all ack p50 8.6-8.7 → 5.1 s; bench/HISTORY.md). The acks=1 producer does not spin; it keeps the default.
+IDEMPOTENT_IN_FLIGHT = 1
+
+
+def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
+    acks = {Acks.ZERO: "0", Acks.ONE: "1", Acks.ALL: "all"}[policy.acks]
+    in_flight = {"max.in.flight.requests.per.connection": IDEMPOTENT_IN_FLIGHT} if idempotent(policy) else {}
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": acks,
+        "request.timeout.ms": policy.request_timeout_ms,
+        "delivery.timeout.ms": policy.delivery_timeout_ms,
+        "retry.backoff.ms": policy.retry_backoff_ms,
+        "retry.backoff.max.ms": max(policy.retry_backoff_ms, getattr(policy, "retry_backoff_max_ms", 1000)),
+        "enable.idempotence": idempotent(policy),
+        "linger.ms": 0,
+        "topic.metadata.refresh.interval.ms": policy.metadata_max_age_ms,
+        "log_level": 0,
+        **in_flight,
+    }
+
+
+def partitions_of(policy: KafkaPolicy, table: pa.Table) -> np.ndarray:
+    from replay.local import msg_rank
+    from replay.routing import kafka_route
+
+    return kafka_route(table["key"].combine_chunks(), msg_rank(table["msg_id"].to_numpy()), policy.partitions)
+
+
+#: The msg_id of the warm-up records (`warm_up`); the verifying consumer skips them.
+WARMUP_MSG_ID = -1
+
+
+def warm_up(producer: ResilientProducer, topic: str, partitions: int, timeout_s: float = 60.0) -> int:
+    """Deliver one record to every partition before the clock starts; returns the records per partition (1).
+
+    On a just-created topic an idempotent producer's first request to a partition can fail (the leader is not
+    ready yet) while its second is appended: the broker accepts any first sequence from a producer it has no
+    state for (`ProducerAppendInfo.checkSequence`: "accept writes with any sequence number"), the retried first
+    batch is then out of order, and librdkafka reported it delivered without an offset although no broker had
+    it: an acknowledged write the verifying consumer never reads, that no fault caused (seen in
+    `testbed-leader-crash`: a partition's first message reported without an offset, its second at offset 0).
+    One acknowledged record per partition first gives every partition the producer's state in order.
+    """
+    reports: dict[int, Any] = {}
+    for part in range(partitions):
+        producer.produce(topic, value=payload(WARMUP_MSG_ID, 1), partition=part,
+                         on_delivery=lambda err, m, part=part: reports.__setitem__(part, (err, m.offset())))
+    producer.flush(timeout_s)
+    bad = {p: r for p, r in reports.items() if r[0] is not None or r[1] != 0}
+    if len(reports) != partitions or bad:
+        missing = sorted(set(range(partitions)) - set(reports))
+        raise RuntimeError(f"{topic}: the warm-up records were not delivered at offset 0 in {timeout_s:.0f} s "
+                           f"(missing partitions {missing}, failed {bad})")
+    return 1
+
+
+def payload(msg_id: int, size: int) -> bytes:
+    head = f"{msg_id}:".encode()
+    return head + b"x" * max(0, size - len(head))
+
+
+class ResilientProducer:
+    """A confluent-kafka producer that an application would recreate after a fatal error.
+
+    An idempotent producer whose acknowledged writes were truncated (unclean election) gets a fatal
+    OUT_OF_ORDER_SEQUENCE_NUMBER and refuses every later call: its queued messages fail (their delivery
+    reports carry the error) and a new producer with the same settings takes the following sends.
+    """
+
+    def __init__(self, factory, config: dict[str, Any]) -> None:
+        self.factory, self.config = factory, config
+        self.producer = factory(config)
+        self.fatal: list[str] = []
+        self.retired: list[Any] = []  # polled at the end, for the delivery reports of what they held
+
+    def _renew(self, exc: Exception) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        err = exc.args[0] if exc.args else None
+        # produce() on a producer already in the fatal state raises a plain _FATAL error (fatal() is False).
+        if not (isinstance(exc, KafkaException) and err is not None
+                and (err.fatal() or err.code() == KafkaError._FATAL)):
+            raise exc
+        self.fatal.append(err.name())
+        old = self.producer
+        with contextlib.suppress(Exception):
+            old.purge(in_queue=True, in_flight=True)
+            old.poll(0)
+        self.retired.append(old)
+        self.producer = self.factory(self.config)
+
+    def produce(self, *args, **kwargs) -> None:
+        from confluent_kafka import KafkaException
+
+        for _ in range(3):
+            try:
+                self.producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                self.poll(0.01)
+            except KafkaException as exc:
+                self._renew(exc)
+
+    def poll(self, timeout: float = 0) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.poll(timeout)
+        except KafkaException as exc:
+            self._renew(exc)
+
+    def list_topics(self, timeout: float):
+        return self.producer.list_topics(timeout=timeout)
+
+    def purge(self, **kwargs) -> None:
+        with contextlib.suppress(Exception):
+            self.producer.purge(**kwargs)
+
+    def flush(self, timeout: float) -> None:
+        from confluent_kafka import KafkaException
+
+        for p in [*self.retired, self.producer]:
+            with contextlib.suppress(KafkaException):
+                p.flush(timeout)
+
+
+def read_back(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int, int]]:
+    """Every record of every partition from the beginning to the high watermark: msg_id -> (partition,
+    offset, LogAppendTime ms). The verifying consumer of SPEC §12."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"replab-verify-{topic}-{time.time_ns()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0,
+                         "isolation.level": "read_uncommitted"})
+    out: dict[int, tuple[int, int, int]] = {}
+    try:
+        highs = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        todo = {p for p, h in highs.items() if h > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        deadline = time.monotonic() + 60
+        while todo and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=1.0):
+                if m.error():
+                    continue
+                mid = int(m.value().split(b":", 1)[0])
+                if mid != WARMUP_MSG_ID:
+                    out.setdefault(mid, (m.partition(), m.offset(), m.timestamp()[1]))
+                if m.offset() + 1 >= highs[m.partition()]:
+                    todo.discard(m.partition())
+        if todo:
+            raise RuntimeError(f"{topic}: partitions {sorted(todo)} not read to their high watermark in 60 s")
+    finally:
+        consumer.close()
+    return out
+

@@ -1,0 +1,161 @@
+"""DIR/trace/ from a recording (SPEC §2 format): the produce events as sent, the faults at the instants the
+brokers changed state, and `replicate` events from the followers' sampled log ends (SPEC §3.2 rule 5: a
+follower holding offsets < LEO holds every message its leader appended before the record at offset LEO, so
+upto_us = that record's send instant − 1 µs, or its append time − HELD_BACK_US if its producer held it back, at
+most the sample instant; see `replicate_events`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.trace import EVENT_ARROW_SCHEMA, Kind, Manifest
+from testbed.observe import Recording
+from testbed.schedule import topic_of
+
+
+def _away_at(faults: list[tuple[int, Kind, int]]):
+    """broker -> sorted (ts_us, away?) transitions: down or isolated brokers send no replicate event."""
+    trans: dict[int, list[tuple[int, bool]]] = defaultdict(list)
+    for t, kind, b in faults:
+        trans[b].append((t, kind not in (Kind.RESTART, Kind.HEAL)))
+
+    def away(b: int, t: int) -> bool:
+        state = False
+        for ft, a in trans.get(b, ()):
+            if ft <= t:
+                state = a
+        return state
+    return away
+
+
+def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
+    """(ts_us, broker, upto_us) from the samples: one per follower sample (module docstring).
+
+    A follower whose log end is LEO in a partition holds every record below LEO and not the record at LEO. The
+    trace gives messages their send instants (SPEC §12: produce events as sent) and SPEC §2 reads upto_us as
+    "every message its leader appended at or before it", so upto_us is the instant of the record at offset
+    LEO − 1 µs (`_instant`), capped at the sample. Its LogAppendTime (ms) says which record held offset LEO at
+    the sample (offsets are reused after a truncation): the latest appended by then, else the next one to come.
+    The append time alone trails the send by the request's trip, so a record the follower lacked could read as
+    held (a CI run predicted no acked loss under acks=1 where the cluster lost the one record a late fetch left).
+    The broker's upto_us is the minimum over the partitions it follows (of every topic: a follower fetches all
+    of them from a leader in one request, so they share a position in time). Records truncated later are known
+    from the producers' delivery reports (offset and append time), the others from the verifying consumer.
+    """
+    # (topic, partition, offset) -> [(append_us, instant_us)] of every record seen at that offset
+    known: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
+    for i, deliveries in enumerate(rec.deliveries):
+        for mid, d in deliveries.items():
+            if d.offset is not None and d.append_ms is not None:
+                known[(topic_of(i), rec.partition[i][mid], d.offset)].append(
+                    _instant(d.append_ms * 1000 - rec.t0_us, rec.sent_us[mid]))
+    for i, reads in enumerate(rec.reads):
+        for mid, (p, off, ms) in reads.items():
+            known[(topic_of(i), p, off)].append(_instant(ms * 1000 - rec.t0_us, rec.sent_us[mid]))
+    replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
+    away = _away_at(rec.state_faults())
+
+    out = []
+    leads: dict[int, set[tuple[str, int]]] = {}  # each broker's latest view of what it leads
+    last: dict[int, int] = {}
+    for s in sorted(rec.samples, key=lambda s: s.ts_us):
+        leads[s.broker] = s.leads
+        if away(s.broker, s.ts_us):
+            continue
+        upto, follows = s.ts_us, False
+        for key, leo in s.leo.items():
+            if s.broker not in replicas.get(key, ()) or key in s.leads:
+                continue
+            leaders = {b for b, ls in leads.items() if key in ls and b != s.broker and not away(b, s.ts_us)}
+            if not leaders:
+                continue  # no reachable leader: nothing to fetch from (SPEC §2.2)
+            follows = True
+            at_leo = _record_at(known.get((*key, leo), []), s.ts_us)
+            if at_leo is not None:
+                upto = min(upto, at_leo - 1)
+        if not follows:
+            continue
+        upto = max(0, min(upto, s.ts_us), last.get(s.broker, 0))
+        last[s.broker] = upto
+        out.append((s.ts_us, s.broker, upto))
+    return out
+
+
+#: A record that reached its leader later than this after its send was held back by its producer, not delayed
+#: on the way: the idempotent acks=all producer keeps at most 5 requests in flight, each waiting for a follower
+#: fetch (up to fetch_interval_ms), so under load its records reach the leader seconds after their send.
+HELD_BACK_US = 100_000
+
+
+def _instant(append_us: int, sent_us: int) -> tuple[int, int]:
+    """(append_us, the record's instant for upto_us). The instant is its send, the time the trace gives it, unless
+    its producer held it back (HELD_BACK_US): the leader had no such record then, and its followers share one
+    upto_us with every other topic's (one trace serves every policy), so a follower of that topic would read as
+    seconds behind the records it had in the others. Then the instant is its append time − HELD_BACK_US."""
+    return append_us, max(sent_us, append_us - HELD_BACK_US)
+
+
+def _record_at(records: list[tuple[int, int]], ts_us: int) -> int | None:
+    """The instant of the record at one offset as of ts_us, from every (append_us, instant_us) seen there: the
+    latest appended by then, else the first appended after (the follower is caught up and that record is next)."""
+    before = [r for r in records if r[0] <= ts_us]
+    if before:
+        return max(before)[1]
+    return min(records)[1] if records else None
+
+
+def write_trace(rec: Recording, out: Path) -> Manifest:
+    """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet."""
+    sch = rec.schedule
+    # The run is judged where the producers stopped (SPEC §4.1: at duration_us; the testbed purges what is
+    # still queued then). A state change seen after that (a restart whose JVM was RUNNING only after the trace
+    # ended) is outside the observed window: it stays in comparison.json, not in the trace.
+    duration = max(sch.duration_us, max(rec.sent_us.values(), default=0))
+    faults = [f for f in rec.state_faults() if f[0] <= duration]
+    rows: list[tuple] = []
+    for mid, t in rec.sent_us.items():
+        rows.append((t, Kind.PRODUCE, None, mid))
+    for t, kind, b in faults:
+        rows.append((t, kind, b, None))
+    reps = []
+    for t, b, upto in replicate_events(rec):
+        if t <= duration:
+            reps.append((t, b, upto))
+    produce = {int(m): j for j, m in enumerate(sch.produce["msg_id"].to_pylist())}
+    keys = sch.produce["key"].to_pylist()
+    sizes = sch.produce["size_bytes"].to_pylist()
+    prods = sch.produce["producer_id"].to_pylist()
+    cols: dict[str, list] = {n: [] for n in EVENT_ARROW_SCHEMA.names}
+    events = [(t, int(k), m if m is not None else -1, b if b is not None else -1, "f", m, b) for t, k, b, m in rows]
+    events += [(t, int(Kind.REPLICATE), -1, b, "r", upto, b) for t, b, upto in reps]
+    events.sort(key=lambda e: (e[0], e[1], e[2], e[3]))
+    for t, k, _, _, what, val, b in events:
+        kind = Kind(k)
+        cols["ts_us"].append(t)
+        cols["kind"].append(kind.label)
+        if kind is Kind.PRODUCE:
+            j = produce[val]
+            cols["broker"].append(None)
+            cols["msg_id"].append(val)
+            cols["key"].append(keys[j])
+            cols["size_bytes"].append(sizes[j])
+            cols["producer_id"].append(prods[j])
+            cols["upto_us"].append(None)
+        else:
+            cols["broker"].append(b)
+            cols["msg_id"].append(None)
+            cols["key"].append(None)
+            cols["size_bytes"].append(None)
+            cols["producer_id"].append(None)
+            cols["upto_us"].append(val if what == "r" else None)
+    table = pa.Table.from_pydict(cols, schema=EVENT_ARROW_SCHEMA)
+    manifest = Manifest(sch.trace_id, sch.brokers, duration, None, sch.generator)
+    (out / "events").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out / "events" / "part-000000.parquet")
+    manifest.write(out)
+    return manifest
+
