@@ -41,7 +41,7 @@ from generators.library import resolve_scenario
 DEFAULT_SIZES = (1_000_000,)
 
 
-#: The sink's line per micro-batch (engine.stream.query.StreamSink._report)
+#: The sink's line per micro-batch (engine.stream.sink.StreamSink._report)
 BATCH_LINE = re.compile(r"micro-batch (\d+): .*?([\d,]+) rows in, .*replayed in ([\d.]+) s, written in ([\d.]+) s")
 
 

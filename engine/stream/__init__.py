@@ -6,8 +6,8 @@ from schemas.exports import lazy_exports
 _EXPORTS = {
     "TraceEventsSource": "engine.stream.source",
     "ReplayProcessor": "engine.stream.groups",
-    "StreamPlan": "engine.stream.groups",
-    "StreamCheckpoint": "engine.stream.query",
+    "StreamPlan": "engine.stream.plan",
+    "StreamCheckpoint": "engine.stream.checkpoint",
     "run_stream_replay": "engine.stream.query",
     "stream_plan": "engine.stream.query",
 }

@@ -35,12 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from engine.stream.groups import END_KIND
+from engine.stream.plan import END_KIND
 from schemas.trace import EVENT_ARROW_SCHEMA, EVENT_COLUMNS
 
 SOURCE_NAME = "replab_trace_events"
 COMPLETE_MARKER = "_COMPLETE"
-#: The events as read, with where they come from: what `engine.stream.groups.Router` routes and packs.
+#: The events as read, with where they come from: what `engine.stream.routing.Router` routes and packs.
 EVENT_SOURCE_SCHEMA = pa.schema([*EVENT_ARROW_SCHEMA, pa.field("file_idx", pa.int32()),
                                  pa.field("row", pa.int64())])
 ROWS_PER_BATCH = 65_536
@@ -81,7 +81,7 @@ def _router(plan_file: str):
     if router is None:
         import pickle
 
-        from engine.stream.groups import Router
+        from engine.stream.routing import Router
 
         router = _ROUTERS[plan_file] = Router(pickle.loads(Path(plan_file).read_bytes()))
     return router
@@ -169,7 +169,7 @@ class TraceEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        from engine.stream.groups import PACKED_DDL
+        from engine.stream.plan import PACKED_DDL
 
         return PACKED_DDL
 

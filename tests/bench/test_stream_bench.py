@@ -4,7 +4,7 @@ Spark: the sink's line is formatted from a micro-batch's figures as the sink doe
 from __future__ import annotations
 
 from bench.stream_bench import BATCH_LINE
-from engine.stream.query import StreamSink
+from engine.stream.sink import StreamSink
 
 
 def test_the_bench_parses_the_sinks_micro_batch_line():

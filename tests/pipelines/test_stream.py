@@ -99,7 +99,8 @@ class CoreRun:
     final_dir: Path | None = None  # where the groups wrote their final rows
 
     def start(self, spark, checkpoint: Path) -> None:
-        from engine.stream.query import is_complete, replay_stream, stream_plan
+        from engine.stream.query import replay_stream, stream_plan
+        from engine.stream.trace import is_complete
         from storage.trace_loader import locate
 
         complete, as_is = is_complete(locate(self.trace))
@@ -121,7 +122,7 @@ class CoreRun:
 
     @property
     def done(self) -> bool:
-        from engine.stream.groups import END
+        from engine.stream.plan import END
 
         return any(pc.any(pc.equal(b.column("rtype"), END)).as_py() for b in self.batches if b.num_rows)
 
@@ -162,7 +163,7 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
     from pyspark.testing import assertDataFrameEqual
 
     from engine.replay import frames_from_raw
-    from engine.stream.query import read_final
+    from engine.stream.final import read_final
 
     manifest, events = read_events_spark(spark, batch_trace or run.trace)
     batch = replay_frames(spark, manifest, events, run.runs)
@@ -256,19 +257,13 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, c
     then the logged micro-batches applied again, gives the same outputs as the group kept in memory. No Spark.
     `chunked`: state values cut to a few KB (as the processor cuts them to STATE_CHUNK_BYTES for the state
     server) rebuild the same group."""
-    import engine.stream.groups as stream_groups
+    import engine.stream.state as stream_state
     from engine.plan import policy_runs
-    from engine.stream.groups import (
-        BUFFER_COLUMNS,
-        ROUTED_SCHEMA,
-        GroupReplay,
-        Router,
-        read_rows,
-        unpack,
-        write_rows,
-    )
+    from engine.stream.plan import BUFFER_COLUMNS, ROUTED_SCHEMA
     from engine.stream.query import stream_plan
+    from engine.stream.routing import Router, unpack
     from engine.stream.source import EVENT_SOURCE_SCHEMA
+    from engine.stream.state import GroupReplay, read_rows, write_rows
 
     manifest, table = chaos
     runs = policy_runs([parse_policy("kafka-durable"), parse_policy("dledger-3")], manifest)
@@ -279,7 +274,7 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, c
               .append_column("row", pa.array(np.arange(1, n + 1))).cast(EVENT_SOURCE_SCHEMA))
     micro_batches = [router.pack(b) for b in source.to_batches(max_chunksize=n // 5 + 1)]
     if chunk_bytes:
-        monkeypatch.setattr(stream_groups, "STATE_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(stream_state, "STATE_CHUNK_BYTES", chunk_bytes)
     for key in [(0, 3), (1, -1)]:  # a Kafka partition; the DLedger class, routed in state
         live, rebuilt, log = GroupReplay(plan, *key), None, []
         watermark_us = 0
@@ -291,7 +286,7 @@ def test_group_rebuilt_from_snapshot_and_log_finishes_like_the_live_one(chaos, c
             live.step(rows, watermark_us)
             if i == 1:
                 blob = live.dumps()
-                parts = stream_groups.snapshot_parts(blob)
+                parts = stream_state.snapshot_parts(blob)
                 assert (len(parts) > 1) == bool(chunk_bytes)
                 rebuilt = GroupReplay.loads(b"".join(parts), plan)
             elif i > 1:
@@ -326,7 +321,7 @@ def test_every_golden_scenario_stream_equals_batch(spark, all_golden_runs, name)
 
 def test_chaos_trace_under_presets_stream_equals_batch(spark, core_runs):
     from engine.groups import FINAL_ROW_TYPES
-    from engine.stream.groups import STATS
+    from engine.stream.plan import STATS
 
     run = core_runs["chaos"]
     stats = run.rows((STATS,))
@@ -349,7 +344,7 @@ def test_generated_trace_stream_equals_batch(spark, generated_run):
 
 
 def test_out_of_order_within_the_allowed_lateness_equals_batch(spark, core_runs):
-    from engine.stream.groups import STATS
+    from engine.stream.plan import STATS
 
     run = core_runs["out-of-order"]
     assert sum(run.rows((STATS,)).column("rows_late").to_pylist()) == 0
@@ -472,7 +467,8 @@ def test_killed_stream_replay_restarts_exactly_once_and_quarantines_late_rows(sp
     from mlflow.tracking import MlflowClient
     from pyspark.sql import functions as F
 
-    from engine.stream.query import LATE_RULE, run_stream_replay
+    from engine.stream.query import run_stream_replay
+    from engine.stream.sink import LATE_RULE
     from engine.tracking import SERIES_ACKED_LOST
     from expectations.trace_gate import SUITE as TRACE_SUITE
     from report.figures import RUN_PLOTS, run_figures
