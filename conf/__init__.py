@@ -26,6 +26,11 @@ def read_text(*parts: str) -> str:
     return resources.files(__name__).joinpath(*parts).read_text()
 
 
+def page_css() -> str:
+    """The one stylesheet of replab's HTML pages (the comparison report, the recommendation, the gates' reports)."""
+    return read_text("page.css")
+
+
 @cache
 def _extracted() -> Path:
     target = Path(tempfile.mkdtemp(prefix="replab-conf-"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conf import page_css
 from expectations.runner import offending_rows, unexpected_count
 from schemas.errors import ReplabError
 
@@ -63,13 +64,6 @@ def write_report(folder: Path, payload: dict[str, Any]) -> ReportPaths:
     return ReportPaths(json_path, html_path)
 
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222;max-width:1200px}
-h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em} table{border-collapse:collapse;margin:.5em 0 1em}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:.9em;vertical-align:top}
-th{background:#f2f2f2} .ok{color:#17713a;font-weight:600} .bad{color:#b00020;font-weight:600}
-.warn{color:#a35a00;font-weight:600} code{background:#f6f6f6;padding:1px 3px} .muted{color:#777}
-"""
 
 
 def _status(success: bool, severity: str = "critical") -> str:
@@ -105,7 +99,7 @@ def _expectation_label(cfg: dict[str, Any]) -> str:
 def render_html(payload: dict[str, Any]) -> str:
     title = f"replab {payload.get('suite', 'gate')} report: {payload.get('trace_id', '')}"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+             f"<style>{page_css()}</style></head><body><h1>{html.escape(title)}</h1>"]
     facts = {k: payload.get(k) for k in ("suite", "trace_id", "run_ids", "success", "created_at", "message")
              if payload.get(k) is not None}
     parts.append(_rows_table([facts]))

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: a reserved floor not written yet (testbed) is skipped.
 PACKAGES: tuple[str, ...] = tuple(p for p in FLOOR_PACKAGES if (REPO / p / "__init__.py").is_file())
 #: Data files the packages read at run time (pyproject.toml's package-data).
-DATA_SUFFIXES: tuple[str, ...] = (".yaml", ".json", ".properties")
+DATA_SUFFIXES: tuple[str, ...] = (".yaml", ".json", ".properties", ".css")
 #: zip entries need a date; 1980-01-01 (the format's epoch) keeps the archive reproducible.
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 ENTRY_POINTS: dict[str, str] = {

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from conf import page_css
+
 if TYPE_CHECKING:
     from engine.recommend import Recommendation
 
@@ -75,13 +77,6 @@ it.</figcaption></figure>
 """
 
 
-_CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;
-padding:0 1em}h2{font-size:1.25em;border-bottom:1px solid #ddd}.meta{color:#666;font-size:.9em}
-table{border-collapse:collapse;font-size:.85em}th,td{border:1px solid #ccc;padding:.3em .55em}th{background:#f3f3f3}
-td.n{text-align:right;font-variant-numeric:tabular-nums}tr.chosen td{background:#eaf6ea;font-weight:600}
-figcaption{color:#555;font-size:.9em}code{background:#f6f6f6;padding:0 .2em}
-"""
 
 
 def write_page(rec: Recommendation, path: str | Path, *, title: str) -> Path:
@@ -90,7 +85,7 @@ def write_page(rec: Recommendation, path: str | Path, *, title: str) -> Path:
     path = Path(path)
     path.write_text(f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>replab recommend: {html.escape(title)}</title>
-<style>{_CSS}</style>{script_tag()}</head><body>
+<style>{page_css()}</style>{script_tag()}</head><body>
 {section_html(rec, title=title)}
 </body></html>
 """, encoding="utf-8")

@@ -104,7 +104,8 @@ def test_the_replays_views_stand_in_for_the_lakehouse_queries_of_the_runs_they_c
     other runs or another window length are not taken."""
     from dataclasses import replace
 
-    from report.compare import compare, figures_for
+    from report.compare import figures_for
+    from report.findings import compare
 
     replay = k2_mlflow_replay
     views = replay.report.views
