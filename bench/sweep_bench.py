@@ -3,7 +3,7 @@
 - **replay core, one seed** (no Spark, one core): route the seed's trace and replay it under the policies with
   the chunked kernels, then compute the run_summary figures: the work a sweep cannot avoid per seed. The trace
   is generated before the clock starts; the mean over `--core-seeds` seeds.
-- **sweep job, N seeds** (`engine.sweep.run_sweep_job` on the session's master): generation, trace
+- **sweep job, N seeds** (`engine.sweep.job.run_sweep_job` on the session's master): generation, trace
   rules, replay and figures of every seed inside ONE Spark job; wall and CPU seconds for a small and a large N.
   The marginal cost per seed is (T(N) − T(n)) / (N − n) in wall seconds, times the cores the job ran on, in
   core-seconds: the figure to hold against the replay core (target ≤ 1.2×).
@@ -41,7 +41,7 @@ class Row:
 
 def core_seconds(spec, seeds: list[int]) -> float:
     """Mean seconds of one seed's replay core (routing, kernels, figures), trace generated beforehand."""
-    from engine.sweep import control_of, feed_chunk, plan_runs, summarize
+    from engine.sweep.job import control_of, feed_chunk, plan_runs, summarize
     from generators.generate import build_plan, chunk_table, manifest_for
 
     total = 0.0
@@ -74,7 +74,7 @@ def task_slots(spark, master: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.sweep import SweepSpec
+    from engine.sweep.job import SweepSpec
     from generators.library import resolve_scenario
     from replay.policies import all_presets
 
@@ -110,7 +110,7 @@ def _tree_cpu(pids: list[int]) -> float:
 
 
 def _timed(spark, spec, seeds: int, extra_pids: list[int]) -> tuple[float, float]:
-    from engine.sweep import run_sweep_job
+    from engine.sweep.job import run_sweep_job
 
     jvm = jvm_pid(spark)
     run_sweep_job(spark, spec, range(1000, 1002))  # warm-up: executors, Python workers, imports
@@ -148,7 +148,7 @@ def cluster_speedup(spec, seeds: int, rows: list[Row]) -> list[str]:
 
 
 def marginal(spec, args, rows: list[Row]) -> list[str]:
-    from engine.sweep import run_sweep_job
+    from engine.sweep.job import run_sweep_job
     from storage.session import get_spark
 
     small, large = (int(x) for x in args.seeds.split(","))

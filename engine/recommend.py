@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sweep_estimates import METRICS, PolicyEstimate
+from engine.sweep.estimates import METRICS, PolicyEstimate
 from schemas.errors import BadInput
 
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*(\S+)\s*$")

@@ -1,7 +1,7 @@
 """The row rules of the trace gate (SPEC §2.3) on Arrow tables, chunk by chunk: their one definition.
 
 The Spark gate (`expectations.trace_gate.annotate`) runs them in `mapInArrow` tasks, and a sweep runs them on
-every seed's trace inside its Spark task (`engine/sweep.py`). They are evaluated with numpy over the chunks of
+every seed's trace inside its Spark task (`engine/sweep/job.py`). They are evaluated with numpy over the chunks of
 one trace, with each broker's state carried from one chunk to the next (down, isolated, incarnation, the
 largest applied upto_us since the last restart) and the msg_ids seen so far.
 

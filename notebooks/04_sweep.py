@@ -13,7 +13,7 @@
 # MAGIC - the **ack p99** latency: the median over seeds of each seed's p99 (bootstrap).
 # MAGIC
 # MAGIC With an `slo`, the cheapest policy whose intervals meet every term is recommended (`replab recommend`).
-# MAGIC (`engine/sweep_estimates.py` documents the methods; `replab sweep` is the same job from the command line.)
+# MAGIC (`engine/sweep/estimates.py` documents the methods; `replab sweep` is the same job from the command line.)
 # MAGIC
 # MAGIC | parameter | default | meaning |
 # MAGIC |---|---|---|
@@ -66,7 +66,7 @@ workdir = env.workdir
 # COMMAND ----------
 
 from pipelines.sweep_job import print_sweep
-from engine.sweep_run import SweepRequest, run_sweep
+from engine.sweep.run import SweepRequest, run_sweep
 
 sweep = run_sweep(spark, SweepRequest(scenario=scenario, seeds=seeds, policies=policies, labels=labels,
                                       scale=scale, first_seed=first_seed, out=str(env.out), lakehouse=str(workdir / "lakehouse"),

@@ -1,7 +1,7 @@
 """`replab recommend`: the cheapest policy whose 95 % intervals meet an SLO, from a sweep (run or reused).
 
 Thin: the SLO and the space are parsed first (bad input exits 2 before any Spark work), the sweep runs or is read
-back from the lakehouse (`engine.sweep_run.run_sweep`, `reuse=True`), `engine.recommend` decides, and the
+back from the lakehouse (`engine.sweep.run.run_sweep`, `reuse=True`), `engine.recommend` decides, and the
 MLflow parent run of the sweep carries the recommendation (tags `replab.slo`, `replab.recommended`; the
 decision as `recommendation.json`, the section as `recommendation.html`, `report.recommend`), with one child run
 per policy.
@@ -66,7 +66,7 @@ def print_recommendation(rec: Recommendation, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from engine.sweep_run import check_request, log_sweep, run_sweep
+    from engine.sweep.run import check_request, log_sweep, run_sweep
     from pipelines.sweep_job import print_sweep, print_where, request_from
     from report.recommend import FILE as PAGE
     from report.recommend import write_page

@@ -1,8 +1,8 @@
 """`replab sweep` and `spark-submit pipelines/sweep_job.py`: many seeds × many policies (SPEC §1 "Sweep", §6.1).
 
-Thin: the arguments become a `engine.sweep_run.SweepRequest`; `run_sweep` runs the ONE Spark job over the
-seeds (`engine.sweep`), the output gate, the `sweeps`/`sweep_results` Delta tables, the estimates
-(`engine.sweep_estimates`) and MLflow; this module prints the estimates.
+Thin: the arguments become a `engine.sweep.run.SweepRequest`; `run_sweep` runs the ONE Spark job over the
+seeds (`engine.sweep.job`), the output gate, the `sweeps`/`sweep_results` Delta tables, the estimates
+(`engine.sweep.estimates`) and MLflow; this module prints the estimates.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     # spark-submit pipelines/sweep_job.py without the package installed: the repo root holds the packages.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.sweep_run import SweepReport, SweepRequest, run_sweep
+from engine.sweep.run import SweepReport, SweepRequest, run_sweep
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (estimate, header, format)
@@ -78,7 +78,7 @@ def print_where(sweep: SweepReport, console) -> None:
 
 
 def cli(args: argparse.Namespace) -> int:
-    from engine.sweep_run import check_request
+    from engine.sweep.run import check_request
     from report.terminal import console as terminal
     from storage.session import get_spark
 

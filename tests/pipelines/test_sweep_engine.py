@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from engine.sweep import FATAL, OK, SweepSpec, run_sweep_job, seed_rows
+from engine.sweep.job import FATAL, OK, SweepSpec, run_sweep_job, seed_rows
 from generators.library import resolve_scenario
 from replay.policies import parse_policy
 from schemas.tables import SUMMARY_FIELDS

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sweep_estimates import bootstrap_median, estimate, per_day, t_interval, wilson_interval
+from engine.sweep.estimates import bootstrap_median, estimate, per_day, t_interval, wilson_interval
 
 
 @pytest.mark.parametrize(("k", "n", "low", "high"), [

@@ -53,7 +53,7 @@ class CleanSweep:
 
 @pytest.fixture(scope="module")
 def clean_sweep(spark, tmp_path_factory) -> CleanSweep:
-    from engine.sweep_run import SweepRequest, run_sweep
+    from engine.sweep.run import SweepRequest, run_sweep
     from replay.policies import parse_policy
 
     root = tmp_path_factory.mktemp("sweep-clean")
@@ -72,7 +72,7 @@ def clean_sweep(spark, tmp_path_factory) -> CleanSweep:
 
 def test_rerun_replaces_the_sweeps_rows(spark, clean_sweep):
     """Re-running replaces the sweep's rows: same rows, one more commit per table, no duplicates."""
-    from engine.sweep_run import run_sweep
+    from engine.sweep.run import run_sweep
 
     again = run_sweep(spark, clean_sweep.request)
     assert again.sweep_id == clean_sweep.sweep_id

@@ -1,14 +1,14 @@
 """A whole sweep (SPEC §1 "Sweep", §6.1): the distributed job, its output gate, its two Delta tables, its estimates
 and its MLflow runs. `replab sweep`, `replab recommend`, spark-submit and notebook 04 call `run_sweep`.
 
-1. `engine.sweep.run_sweep_job`: ONE Spark job; per (seed, policy) every run_summary field;
+1. `engine.sweep.job.run_sweep_job`: ONE Spark job; per (seed, policy) every run_summary field;
 2. `expectations.sweep_gate`: the output gate, once, on those rows (before anything is written);
 3. lakehouse: `sweep_results` (one row per seed and policy) then `sweeps` (one row, the commit marker), each
    ONE Delta commit replacing the rows of this `sweep_id` (replaceWhere), so a re-run, or a run after a
    killed one, ends with the same rows. The sweep id hashes what determines the results (scenario
    parameters, scale, seeds, canonical policies, window, series, replab version); `reuse=True` reads a
    succeeded sweep of that id back instead of running it again;
-4. estimates per policy (`engine.sweep_estimates`), `<out>/sweep.json` and `<out>/sweep.csv`;
+4. estimates per policy (`engine.sweep.estimates`), `<out>/sweep.json` and `<out>/sweep.csv`;
 5. MLflow: one experiment, a parent run for the sweep and a child run per policy, named as typed.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.sweep_estimates import CONFIDENCE, METRICS, PolicyEstimate, estimate
+from engine.sweep.estimates import CONFIDENCE, METRICS, PolicyEstimate, estimate
 
 TAG_KIND_SWEEP = "sweep"
 TAG_KIND_SWEEP_POLICY = "sweep_policy"
@@ -178,7 +178,7 @@ def publish(lakehouse, sweep_id: str, rows: list[dict[str, Any]], sweep_row: dic
 
 # ------------------------------------------------------------------------------------------------ the sweep
 def run_sweep(spark, request: SweepRequest, *, log: Callable[[str], None] | None = None) -> SweepReport:
-    from engine.sweep import SweepSpec, run_sweep_job, slug
+    from engine.sweep.job import SweepSpec, run_sweep_job, slug
     from schemas.version import __version__
     from storage.lakehouse import Lakehouse
 
