@@ -37,7 +37,7 @@ from replay.events import split_trace_table
 from replay.families import RouteInput, family_of
 from replay.local import control_events, msg_rank, unit_events
 from replay.policies import parse_policy, presets
-from report.dledger_vs_kafka import load_trace
+from studies.dledger_vs_kafka import load_trace
 from schemas.errors import BadInput
 
 #: Every preset (conf/policies.yaml).

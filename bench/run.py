@@ -51,7 +51,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
                                              "--policy", "kafka-durable", "--no-mlflow"],
                     ["--scenario", "steady-state", "--seed", "1", "--events", "1e5", "--policy", "kafka-durable",
                      "--no-mlflow"]),
-    "dledger-vs-kafka": ("report.dledger_vs_kafka", [], []),
+    "dledger-vs-kafka": ("studies.dledger_vs_kafka", [], []),
 }
 
 

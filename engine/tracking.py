@@ -66,6 +66,10 @@ SERIES_UNAVAILABLE = "window/unavailable_partition_seconds"
 SERIES_P99 = "window/ack_latency_p99_ms"
 SERIES_KEYS = (SERIES_ACKED_LOST, SERIES_UNAVAILABLE, SERIES_P99)
 SCENARIO_PREFIX = "scenario."
+#: The testbed's MLflow experiment (SPEC §12: one run per scenario and policy), and the tag that marks its runs.
+TESTBED_EXPERIMENT = "testbed"
+TAG_SOURCE = "source"
+SOURCE_TESTBED = "testbed"
 #: MLflow's limits (mlflow.utils.validation): values per param, entities per log_batch call.
 MAX_PARAM_VALUE_CHARS = 6000
 MAX_METRICS_PER_CALL = 1000

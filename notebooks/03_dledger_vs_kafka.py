@@ -8,13 +8,13 @@
 # MAGIC
 # MAGIC Traces come from the scenario library: `dledger5-single-failure` (5000 msg/s for 180 s, broker 0 crashes at
 # MAGIC 60 s and is back at 120 s) and `dledger5-double-failure` (broker 1 also crashes, at 75 s, back at 135 s).
-# MAGIC Both are replayed under DLedger and five Kafka configurations (`report/dledger_vs_kafka.py`'s list, the same
+# MAGIC Both are replayed under DLedger and five Kafka configurations (`studies/dledger_vs_kafka.py`'s list, the same
 # MAGIC one its README table uses), through the full Spark pipeline. What the rules predict (SPEC §3.2, §3.4, §3.7):
 # MAGIC
 # MAGIC - DLedger loses nothing it acknowledged, but the whole topic stops for each election: followers notice the
 # MAGIC   loss of a leader 6000 ms after its last 2 s heartbeat, the vote takes 650 ms, and producers learn the new
 # MAGIC   leader only at their next route poll (every 30 s from 0, SPEC §3.7 R-1): from about 6.65 s to about 36 s
-# MAGIC   per leader lost, depending on where the failure falls between two polls (`report/dledger_vs_kafka.py`
+# MAGIC   per leader lost, depending on where the failure falls between two polls (`studies/dledger_vs_kafka.py`
 # MAGIC   prints the best, worst and mean over the poll phase);
 # MAGIC - Kafka fails over **partition by partition**: only the partitions led by the crashed broker stop, for the
 # MAGIC   session timeout plus the client switch (9.1 s with KRaft);
@@ -38,7 +38,7 @@ except ImportError:  # a plain `python notebooks/03_dledger_vs_kafka.py` from a 
 import pandas as pd
 from pyspark.sql import functions as F
 
-from report.dledger_vs_kafka import POLICIES, SCENARIOS
+from studies.dledger_vs_kafka import POLICIES, SCENARIOS
 from pipelines.notebook_env import notebook_env, split_list
 
 env = notebook_env(globals(), "03_dledger_vs_kafka")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from testbed.publish import EXPERIMENT, SOURCE, TAG_SOURCE
+from engine.tracking import SOURCE_TESTBED, TAG_SOURCE, TESTBED_EXPERIMENT
 
 FIGURE = "testbed.png"
 
@@ -27,11 +27,11 @@ def load_cases(client) -> pd.DataFrame:
     """One row per (scenario, policy): the latest testbed run's predicted/observed metrics."""
     from engine.tracking import find_experiment, search_all_runs
 
-    exp = find_experiment(client, EXPERIMENT)
+    exp = find_experiment(client, TESTBED_EXPERIMENT)
     if exp is None:
         return pd.DataFrame()
     rows = {}
-    for r in sorted(search_all_runs(client, [exp.experiment_id], f"tags.{TAG_SOURCE} = '{SOURCE}'"),
+    for r in sorted(search_all_runs(client, [exp.experiment_id], f"tags.{TAG_SOURCE} = '{SOURCE_TESTBED}'"),
                     key=lambda r: r.info.start_time or 0):
         name = r.info.run_name or ""
         scenario, _, policy = name.partition(" · ")

@@ -15,8 +15,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("storage",),  # Spark session, the lakehouse (the one Delta writer), trace loader, report queries
     ("expectations",),  # the trace and output gates (read storage)
     ("engine",),  # the replay plan, group replay on executors, publish, metrics, MLflow; engine/stream/
+    ("report",),  # plots, run figures, comparison findings and tables, the HTML pages (reads MLflow and storage)
     ("testbed",),  # SPEC §12: a real Kafka cluster beside every prediction (records traces, compares)
-    ("report",),  # plots, run figures, comparison tables, the HTML compare, the DLedger-vs-Kafka study
+    ("studies",),  # questions answered by replaying (the DLedger-vs-Kafka study), runnable with `python -m`
     ("pipelines",),  # the CLI, spark-submit jobs, `make dist`, notebook set-up: thin
     ("notebooks", "bench", "tests"),  # on top: import anything, imported by nothing below
 )

@@ -18,8 +18,6 @@ from typing import Any
 
 from testbed.compare import Case
 
-EXPERIMENT = "testbed"
-
 
 @dataclass
 class TestbedResult:

@@ -10,10 +10,6 @@ import pandas as pd
 
 from testbed.compare import COMPARED, Case, now_utc
 
-TAG_SOURCE = "source"
-SOURCE = "testbed"
-EXPERIMENT = "testbed"
-
 
 def _none(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and v != v) else v
@@ -77,16 +73,25 @@ def _cast(v: Any, typ: str) -> Any:
 def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | None) -> None:
     from mlflow.entities import Metric
 
-    from engine.tracking import client_for, ensure_experiment, git_sha, log_in_chunks, run_params
+    from engine.tracking import (
+        SOURCE_TESTBED,
+        TAG_SOURCE,
+        TESTBED_EXPERIMENT,
+        client_for,
+        ensure_experiment,
+        git_sha,
+        log_in_chunks,
+        run_params,
+    )
 
     def _metric(key: str, value: float, ts: int) -> Metric:
         return Metric(key, value, ts, 0)
 
     client = client_for(tracking_uri)
-    exp = ensure_experiment(client, EXPERIMENT)
+    exp = ensure_experiment(client, TESTBED_EXPERIMENT)
     for c, policy in zip(cases, policies, strict=True):
         run = client.create_run(exp, run_name=f"{c.scenario} · {c.policy}",
-                                tags={TAG_SOURCE: SOURCE, "family": policy.family, "scenario": c.scenario,
+                                tags={TAG_SOURCE: SOURCE_TESTBED, "family": policy.family, "scenario": c.scenario,
                                       "replab.run_id": c.run_id, "git_sha": git_sha()})
         mid = run.info.run_id
         try:

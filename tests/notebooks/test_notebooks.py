@@ -125,7 +125,7 @@ def test_drilldown_opens_the_acks1_run_from_the_lakehouse(overview, workdir):
 
 
 def test_dledger_vs_kafka_on_one_broker_failure(spark, workdir):
-    from report.dledger_vs_kafka import POLICIES
+    from studies.dledger_vs_kafka import POLICIES
 
     ns = run_notebook("03_dledger_vs_kafka", workdir=str(workdir), scenarios="dledger5-single-failure",
                       scale="0.2", seed="1", mlflow="false")
@@ -192,7 +192,7 @@ def test_sweep_estimates_match_the_results_it_wrote(spark, workdir):
 
 @pytest.mark.slow  # a second Spark process; the fast suite runs the same notebook in-process (above)
 def test_dledger_vs_kafka_notebook_runs_from_the_dist_zip(tmp_path):
-    """Notebook 03 imports its study (`report.dledger_vs_kafka`) from the installed package: run from a copy
+    """Notebook 03 imports its study (`studies.dledger_vs_kafka`) from the installed package: run from a copy
     outside the checkout with only `make dist`'s zip on the path (no repo, no editable install), it finds the
     study and every layer below it there, and writes its tables."""
     import csv
@@ -200,7 +200,7 @@ def test_dledger_vs_kafka_notebook_runs_from_the_dist_zip(tmp_path):
     import sys
 
     from pipelines.dist import build_zip
-    from report.dledger_vs_kafka import POLICIES
+    from studies.dledger_vs_kafka import POLICIES
 
     dist_zip, _ = build_zip(tmp_path / "dist")
     notebook = tmp_path / "nb" / "03_dledger_vs_kafka.py"
@@ -213,7 +213,7 @@ sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__mod
                  and "editable" not in type(f).__name__.lower() and "editable" not in str(f).lower()]
 sys.path.insert(0, {str(dist_zip)!r})
 runpy.run_path({str(notebook)!r}, run_name="__main__")
-for name in ("report.dledger_vs_kafka", "engine.replay", "storage.lakehouse", "pipelines.notebook_env"):
+for name in ("studies.dledger_vs_kafka", "engine.replay", "storage.lakehouse", "pipelines.notebook_env"):
     assert sys.modules[name].__file__.startswith({str(dist_zip)!r}), sys.modules[name].__file__
 print("from-zip ok")
 """

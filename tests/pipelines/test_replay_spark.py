@@ -112,7 +112,7 @@ def _local_rows(policy, manifest, table, run_id: str):
 @pytest.fixture(scope="module")
 def generated_trace(tmp_path_factory):
     """A small chaos trace (every fault kind) as an events/ Parquet folder of several files."""
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace("chaos", seed=3, scale=0.01)
     folder = tmp_path_factory.mktemp("chaos")

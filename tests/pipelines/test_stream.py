@@ -182,7 +182,7 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
 
 @pytest.fixture(scope="module")
 def chaos():
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     return load_trace("chaos", seed=3, scale=0.01)
 

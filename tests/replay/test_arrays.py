@@ -139,7 +139,7 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
     from replay.kernels import _arrays
     from replay.local import replay_local
     from replay.policies import parse_policy
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     def grown(buf, n, capacity):
         new = np.empty(capacity, dtype=buf.dtype)
@@ -241,7 +241,7 @@ def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     from replay.kernels.rocketmq_messages import GroupMessages
     from replay.local import replay_local
     from replay.policies import parse_policy
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace(trace, 1, scale)
     kept = _count_compactions(monkeypatch)
@@ -289,7 +289,7 @@ def test_a_kernel_pickled_mid_trace_leaves_its_scratch_and_finishes_as_one_pass(
     from replay.families import family_of
     from replay.local import unit_events
     from replay.policies import parse_policy
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace("rack-power-loss", 1, 0.2)
     p = parse_policy(policy)

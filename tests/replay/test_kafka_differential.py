@@ -273,7 +273,7 @@ def test_messages_appended_after_a_compaction_carry_no_stale_error():
     failed messages had left without writing their error: 10,024 acknowledged messages of `k5-min-isr-refusal`
     at scale 1 (204 k events, kafka-durable) named a failure. The loop now writes every column of a new row."""
     from replay.policies import parse_policy
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace("k5-min-isr-refusal", 1, 1.0)
     results = replay_local(parse_policy("kafka-durable"), manifest, table)

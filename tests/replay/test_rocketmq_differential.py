@@ -178,7 +178,7 @@ SLOW_LIBRARY_CASES = [
 
 def _library_case(name: str, scale: float, policy_text: str) -> None:
     from replay.policies import parse_policy
-    from report.dledger_vs_kafka import load_trace
+    from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace(name, 1, scale)
     policy = parse_policy(policy_text)

@@ -1,7 +1,7 @@
 """The seed articles' closing question, answered by replaying: a 5-broker DLedger cluster (one group of 5, 50
 queues) against Kafka configurations on the same 5 machines, under one and two broker failures.
 
-    .venv/bin/python -m report.dledger_vs_kafka [--scale 1] [--seed 1] [--phase-thin 20]
+    .venv/bin/python -m studies.dledger_vs_kafka [--scale 1] [--seed 1] [--phase-thin 20]
 
 Traces come from the scenario library (`dledger5-single-failure`, `dledger5-double-failure`: 5000 msg/s for
 180 s; broker 0 crashes at 60 s, broker 1 at 75 s in the double case) and are replayed without Spark by the

@@ -4,7 +4,7 @@
 Traces: library scenarios `dledger5-single-failure` (broker 0 crashes at 60 s, back at 120 s) and
 `dledger5-double-failure` (also broker 1 at 75 s, back at 135 s), 5000 msg/s for 180 s, followers fetching every
 ~10 ms. Exact figures asserted here are derived from SPEC; the rest are the relations that answer the question.
-`report/dledger_vs_kafka.py` prints the full table for the README.
+`studies/dledger_vs_kafka.py` prints the full table for the README.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from replay.local import replay_local
 from replay.policies import parse_policy
-from report.dledger_vs_kafka import Figures, load_trace
-from report.dledger_vs_kafka import figures as compute_figures
+from studies.dledger_vs_kafka import Figures, load_trace
+from studies.dledger_vs_kafka import figures as compute_figures
 from schemas.outcomes import Error, Status
 
 DLEDGER = "dledger:group_size=5,queues_per_group=50"
