@@ -37,8 +37,8 @@ from replay.events import split_trace_table
 from replay.families import RouteInput, family_of
 from replay.local import control_events, msg_rank, unit_events
 from replay.policies import parse_policy, presets
-from studies.dledger_vs_kafka import load_trace
 from schemas.errors import BadInput
+from studies.dledger_vs_kafka import load_trace
 
 #: Every preset (conf/policies.yaml).
 POLICIES = tuple(presets())

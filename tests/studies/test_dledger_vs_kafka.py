@@ -14,9 +14,9 @@ import pytest
 
 from replay.local import replay_local
 from replay.policies import parse_policy
+from schemas.outcomes import Error, Status
 from studies.dledger_vs_kafka import Figures, load_trace
 from studies.dledger_vs_kafka import figures as compute_figures
-from schemas.outcomes import Error, Status
 
 DLEDGER = "dledger:group_size=5,queues_per_group=50"
 KAFKA_RF5 = "kafka:partitions=50,replication_factor=5,min_insync_replicas=3"
