@@ -82,11 +82,11 @@ print(f"trace {manifest.trace_id}: {len(manifest.brokers)} brokers, {manifest.du
 
 # COMMAND ----------
 
+from pipelines.demo_job import fitting_presets
 from engine.plan import ReplayRequest
 from engine.replay import run_replay
-from pipelines.demo_job import fitting_presets
-from replay.policies import parse_policy
 from report.figures import run_figures
+from replay.policies import parse_policy
 
 policies = []
 for text in policy_texts:

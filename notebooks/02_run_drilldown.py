@@ -31,8 +31,8 @@ except ImportError:  # a plain `python notebooks/02_run_drilldown.py` from a che
 import matplotlib.pyplot as plt
 from pyspark.sql import functions as F
 
-from pipelines.notebook_env import notebook_env
 from storage.lakehouse import Lakehouse
+from pipelines.notebook_env import notebook_env
 
 env = notebook_env(globals(), "02_run_drilldown")
 spark = env.spark

@@ -38,8 +38,8 @@ except ImportError:  # a plain `python notebooks/03_dledger_vs_kafka.py` from a 
 import pandas as pd
 from pyspark.sql import functions as F
 
-from pipelines.notebook_env import notebook_env, split_list
 from studies.dledger_vs_kafka import POLICIES, SCENARIOS
+from pipelines.notebook_env import notebook_env, split_list
 
 env = notebook_env(globals(), "03_dledger_vs_kafka")
 spark = env.spark
@@ -64,13 +64,13 @@ print(f"scenarios {scenarios}, seed {seed}, scale {scale:g}; DLedger: {DLEDGER};
 
 # COMMAND ----------
 
-from engine.plan import ReplayRequest
-from engine.replay import run_replay
 from generators.generate import generate_trace
 from generators.library import resolve_scenario
-from replay.policies import parse_policy
-from report.figures import run_figures
 from storage.lakehouse import Lakehouse
+from engine.plan import ReplayRequest
+from engine.replay import run_replay
+from report.figures import run_figures
+from replay.policies import parse_policy
 
 lakehouse = Lakehouse(workdir / "lakehouse", spark, create=False)
 policies = [parse_policy(p) for p in POLICIES]

@@ -65,8 +65,8 @@ workdir = env.workdir
 
 # COMMAND ----------
 
-from engine.sweep.run import SweepRequest, run_sweep
 from pipelines.sweep_job import print_sweep
+from engine.sweep.run import SweepRequest, run_sweep
 
 sweep = run_sweep(spark, SweepRequest(scenario=scenario, seeds=seeds, policies=policies, labels=labels,
                                       scale=scale, first_seed=first_seed, out=str(env.out), lakehouse=str(workdir / "lakehouse"),
