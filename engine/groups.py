@@ -79,18 +79,21 @@ MESSAGE_COLUMNS = ("policy_idx", "rtype", "unit", "msg_id", "key", "producer_id"
 #: a message row. A message row of OUTPUT_SCHEMA is 22 nulls, each a field of its row in the JVM and an entry of
 #: the disk cache: 6 M message rows were cached in 7.2-7.6 s with them, 4.3-4.4 s with one null struct, 3.6-3.8 s
 #: with only the message columns (bench/HISTORY.md, fourth session).
-PACKED_SCHEMA = pa.schema([*(OUTPUT_SCHEMA.field(c) for c in MESSAGE_COLUMNS),
-                           pa.field("detail", pa.struct([f for f in OUTPUT_SCHEMA if f.name not in MESSAGE_COLUMNS]))])
-PACKED_DDL = ddl(PACKED_SCHEMA)
+PERSISTED_OUTPUT_SCHEMA = pa.schema([
+    *(OUTPUT_SCHEMA.field(c) for c in MESSAGE_COLUMNS),
+    pa.field("detail", pa.struct([f for f in OUTPUT_SCHEMA if f.name not in MESSAGE_COLUMNS])),
+])
+PERSISTED_OUTPUT_DDL = ddl(PERSISTED_OUTPUT_SCHEMA)
 
 
 def packed(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A batch of OUTPUT_SCHEMA in PACKED_SCHEMA (`engine.replay.unpacked` reads it back)."""
-    detail_type = PACKED_SCHEMA.field("detail").type
+    """A batch of OUTPUT_SCHEMA in PERSISTED_OUTPUT_SCHEMA (`engine.replay.unpacked` reads it back)."""
+    detail_type = PERSISTED_OUTPUT_SCHEMA.field("detail").type
     is_message = pc.equal(batch.column("rtype"), MESSAGE)
     detail = pa.StructArray.from_arrays([batch.column(f.name) for f in detail_type], fields=list(detail_type),
                                         mask=is_message)
-    return pa.RecordBatch.from_arrays([*(batch.column(c) for c in MESSAGE_COLUMNS), detail], schema=PACKED_SCHEMA)
+    return pa.RecordBatch.from_arrays([*(batch.column(c) for c in MESSAGE_COLUMNS), detail],
+                                      schema=PERSISTED_OUTPUT_SCHEMA)
 
 
 @dataclass
@@ -135,7 +138,7 @@ _FROM_TRACE = EVENT_SCHEMA.names[:-2]
 #: packed as one `bundle`. Spark then shuffles, sorts and converts a few rows per group instead of a
 #: row per event, and the replay task sorts each group's events itself (`sort_events`): the replay's two Python
 #: stages took 18-26 % less time than with a row per event (bench/HISTORY.md, fifth session).
-BUNDLE_SCHEMA = pa.schema([("cls", pa.int32()), ("unit", pa.int32()), ("events", pa.binary())])
+BUNDLE_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("events", pa.binary())])
 BUNDLE_DDL = ddl(BUNDLE_SCHEMA)
 #: The columns `bundle_batches` reads: the trace's (SPEC §2.1) with the kind as `schemas.trace.Kind`'s code and each
 #: produce row's msg_rank (null in other rows).
@@ -319,19 +322,19 @@ def replay_group(plan: ReplayPlan, rc: RouteClass, unit: int, blobs: list[pa.Buf
 
 
 def run_groups(plan: ReplayPlan):
-    """mapInArrow function over BUNDLE_SCHEMA rows sorted by (cls, unit) → PACKED_SCHEMA: each group's bundles
-    collected, then replayed (`replay_group`); a task holds one group's events at a time."""
+    """mapInArrow function over BUNDLE_SCHEMA rows sorted by (class_id, unit) → PERSISTED_OUTPUT_SCHEMA: each group's
+    bundles collected, then replayed (`replay_group`); a task holds one group's events at a time."""
     classes = {rc.index: rc for rc in plan.classes}
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         key: tuple[int, int] | None = None
         blobs: list[pa.Buffer] = []
         for batch in batches:
-            cls = batch.column("cls").to_numpy(zero_copy_only=False)
+            class_id = batch.column("class_id").to_numpy(zero_copy_only=False)
             unit = batch.column("unit").to_numpy(zero_copy_only=False)
             events = batch.column("events")
             for i in range(batch.num_rows):
-                here = (int(cls[i]), int(unit[i]))
+                here = (int(class_id[i]), int(unit[i]))
                 if here != key:
                     if key is not None:
                         yield from map(packed, replay_group(plan, classes[key[0]], key[1], blobs))

@@ -129,10 +129,10 @@ def place_groups(classes: Sequence[RouteClass], tasks: int) -> dict[tuple[int, i
                     key=lambda g: (-g[0], g[1], g[2]))
     load = [0.0] * max(1, tasks)
     placed = {}
-    for weight, cls, unit in groups:
+    for weight, class_id, unit in groups:
         task = min(range(len(load)), key=lambda t: (load[t], t))
         load[task] += weight
-        placed[(cls, unit)] = task
+        placed[(class_id, unit)] = task
     return placed
 
 

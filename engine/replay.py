@@ -120,9 +120,9 @@ def task_of(placed: dict[tuple[int, int], int]):
     """A column: each BUNDLE_SCHEMA row's replay task from `engine.plan.place_groups`."""
     from pyspark.sql import functions as F
 
-    key = F.col("cls").cast("long") * (1 << 32) + F.col("unit").cast("long")
-    pairs = [x for (cls, unit), task in sorted(placed.items())
-             for x in (F.lit((cls << 32) + unit).cast("long"), F.lit(task))]
+    key = F.col("class_id").cast("long") * (1 << 32) + F.col("unit").cast("long")
+    pairs = [x for (class_id, unit), task in sorted(placed.items())
+             for x in (F.lit((class_id << 32) + unit).cast("long"), F.lit(task))]
     return F.element_at(F.create_map(*pairs), key).cast("int")
 
 
@@ -172,7 +172,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
 
     from engine.groups import (
         BUNDLE_DDL,
-        PACKED_DDL,
+        PERSISTED_OUTPUT_DDL,
         ROUTE_INPUT_COLUMNS,
         ReplayPlan,
         bundle_batches,
@@ -199,7 +199,8 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
 
     groups = max(1, sum(len(rc.units) for rc in classes))
     parts = replay_tasks(groups, counts.n * len(runs), int(spark.conf.get("spark.sql.shuffle.partitions")))
-    grouped = bundles.repartitionById(parts, task_of(place_groups(classes, parts))).sortWithinPartitions("cls", "unit")
+    grouped = (bundles.repartitionById(parts, task_of(place_groups(classes, parts)))
+               .sortWithinPartitions("class_id", "unit"))
     # On disk, not in memory: the kernels' output (a row per message per policy) outgrows the heap at 10 M events
     # and 7 policies (MEMORY_AND_DISK ran out of a 4 GB heap there); read back from the page cache, the four
     # frames derived from it were as fast at 1 M events and the driver JVM's peak RSS 1 GB lower. Uncompressed:
@@ -207,15 +208,15 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     # 1 M events; uncompressed it takes 640 MB on disk instead of 579 (frames 14.3 -> 10.8 s). `frames_from_raw`
     # fills it.
     with uncompressed_cache(spark):
-        raw = grouped.mapInArrow(run_groups(plan), PACKED_DDL).persist(StorageLevel.DISK_ONLY)
+        raw = grouped.mapInArrow(run_groups(plan), PERSISTED_OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
         frames = frames_from_raw(spark, runs, unpacked(raw))
     return ReplayFrames(list(runs), frames.message_outcomes, frames.partition_states, frames.unavailability,
                         frames.replication_bytes, plan.control, raw, frames.windows, frames.histograms)
 
 
 def unpacked(raw):
-    """The kernels' output rows persisted in `engine.groups.PACKED_SCHEMA`, read as OUTPUT_SCHEMA: a projection
-    (a query of message columns reads only those from the cache)."""
+    """The kernels' output rows persisted in `engine.groups.PERSISTED_OUTPUT_SCHEMA`, read as OUTPUT_SCHEMA: a
+    projection (a query of message columns reads only those from the cache)."""
     from engine.groups import MESSAGE_COLUMNS
 
     return raw.select(*MESSAGE_COLUMNS, "detail.*")

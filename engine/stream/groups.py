@@ -96,11 +96,11 @@ class ReplayProcessor(StatefulProcessor):
         self.meta = handle.getValueState("meta", StructType([StructField(n, LongType(), True) for n in (
             "version", "log_bytes", "snapshot_bytes")]))
 
-    def _load(self, cls: int, unit: int) -> tuple[GroupReplay, tuple[int, int, int]] | None:
+    def _load(self, class_id: int, unit: int) -> tuple[GroupReplay, tuple[int, int, int]] | None:
         if not self.meta.exists():
             return None
         version, log_bytes, snapshot_bytes = (int(v) for v in self.meta.get())
-        live = _LIVE.get((self.plan.uid, cls, unit))
+        live = _LIVE.get((self.plan.uid, class_id, unit))
         if live is not None and live[0] == version:
             return live[1], (version, log_bytes, snapshot_bytes)
         group = GroupReplay.loads(b"".join(part for (part,) in self.snapshot.get()), self.plan)
@@ -112,7 +112,7 @@ class ReplayProcessor(StatefulProcessor):
                 pieces = []
         return group, (version, log_bytes, snapshot_bytes)
 
-    def _save(self, cls: int, unit: int, group: GroupReplay, meta: tuple[int, int, int] | None, watermark_us: int,
+    def _save(self, class_id: int, unit: int, group: GroupReplay, meta: tuple[int, int, int] | None, watermark_us: int,
               rows: pa.Table) -> None:
         version, log_bytes, snapshot_bytes = meta or (0, 0, 0)
         entries = write_rows(rows)
@@ -129,10 +129,10 @@ class ReplayProcessor(StatefulProcessor):
                 self.log.appendValue((watermark_us, i == len(entries) - 1, entry))
             log_bytes += size
         self.meta.update((version + 1, log_bytes, snapshot_bytes))
-        _LIVE[(self.plan.uid, cls, unit)] = (version + 1, group)
+        _LIVE[(self.plan.uid, class_id, unit)] = (version + 1, group)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
-        cls, unit = int(key[0]), int(key[1])
+        class_id, unit = int(key[0]), int(key[1])
         watermark_us = max(0, int(timerValues.getCurrentWatermarkInMs())) * 1000
         blobs = [b for pdf in rows for b in pdf["events"]]
         if not blobs:
@@ -152,50 +152,50 @@ class ReplayProcessor(StatefulProcessor):
             out.append(_rows(len(reported), LATE, unit, **{c: lt.column(c) for c in (
                 "ts_us", "kind_code", "broker", "upto_us", "msg_id", "key", "size_bytes", "producer_id",
                 "null_mask", "file_idx", "row")}))
-        if (cls, unit) == ACCOUNTING:
+        if (class_id, unit) == ACCOUNTING:
             if (code == END_CODE).any():
                 self.handle.registerTimer(self.plan.end_timer_ms)
             yield _output_frame(out)
             return
         ontime = table.filter(pa.array(event & ~late)).select(list(BUFFER_COLUMNS))
-        loaded = self._load(cls, unit)
+        loaded = self._load(class_id, unit)
         if loaded is None:
-            group, meta = GroupReplay(self.plan, cls, unit), None
+            group, meta = GroupReplay(self.plan, class_id, unit), None
             self.handle.registerTimer(self.plan.end_timer_ms)
         else:
             group, meta = loaded
         group.step(ontime, watermark_us)
-        self._save(cls, unit, group, meta, watermark_us, ontime)
+        self._save(class_id, unit, group, meta, watermark_us, ontime)
         yield _output_frame(out)
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
-        cls, unit = int(key[0]), int(key[1])
+        class_id, unit = int(key[0]), int(key[1])
         watermark_us = max(0, int(timerValues.getCurrentWatermarkInMs())) * 1000
         out = [_rows(1, STATS, unit, rows_in=[0], rows_late=[0], watermark_us=[watermark_us])]
-        if (cls, unit) == ACCOUNTING:
+        if (class_id, unit) == ACCOUNTING:
             out.append(_rows(1, END, unit))
         else:
-            loaded = self._load(cls, unit)
+            loaded = self._load(class_id, unit)
             if loaded is not None:
-                write_final(self.final_dir, cls, unit, list(loaded[0].finish()))
+                write_final(self.final_dir, class_id, unit, list(loaded[0].finish()))
                 self.snapshot.clear()
                 self.log.clear()
                 self.meta.clear()
-                _LIVE.pop((self.plan.uid, cls, unit), None)
+                _LIVE.pop((self.plan.uid, class_id, unit), None)
         yield _output_frame(out)
 
     def close(self) -> None:
         pass
 
 
-def write_final(final_dir: str, cls: int, unit: int, batches: list[pa.RecordBatch]) -> None:
+def write_final(final_dir: str, class_id: int, unit: int, batches: list[pa.RecordBatch]) -> None:
     """A finished group's rows (OUTPUT_SCHEMA) as one Parquet file, named by the group: the micro-batch run again
     (a retried task, a restart before the batch committed) replaces it with the same rows. Written by the task
     itself, because handing a million outcome rows back to Spark (pandas, then Spark's rows, cached by the sink and
     written again) took longer than the replay of the last micro-batch. Written under a hidden name (Spark's
     reader skips it), then renamed: a reader never sees half a file. The folder is the driver's checkpoint folder,
     so on a cluster the checkpoint must be on storage every executor mounts at the same path."""
-    path = Path(final_dir) / f"group-{cls}-{unit}.parquet"
+    path = Path(final_dir) / f"group-{class_id}-{unit}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}.tmp")
     try:

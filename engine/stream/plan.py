@@ -30,9 +30,9 @@ FILLS = {"broker": -1, "msg_id": 0, "size_bytes": 0, "producer_id": -1, "upto_us
 #: What routing hands to the groups: one row per (group, source batch), the group's events of that batch packed as
 #: an Arrow IPC record batch (ROUTED_SCHEMA). Spark then shuffles, sorts and converts a few rows per group and
 #: micro-batch instead of one per event (transformWithStateInPandas would turn every event into a pandas row).
-PACKED_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("max_ts_us", pa.int64()),
-                           ("events", pa.binary())])
-PACKED_DDL = ddl(PACKED_SCHEMA)
+PACKED_EVENTS_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("max_ts_us", pa.int64()),
+                                  ("events", pa.binary())])
+PACKED_EVENTS_DDL = ddl(PACKED_EVENTS_SCHEMA)
 #: A group's routed events: the batch job's event columns (`engine.groups.EVENT_SCHEMA`) between the group key and
 #: the stream's own columns (the rank for routing in state, and the accounting of each source row).
 ROUTED_SCHEMA = pa.schema([
@@ -66,7 +66,7 @@ class StreamPlan:
     #: msg_rank = msg_id − rank_base (dense ids); or the index in `sorted_msg_ids` (a finite trace with gaps).
     rank_base: int = 1
     sorted_msg_ids: np.ndarray | None = None
-    #: (cls, unit, broker, primary): where broker events go (built by `fanout`)
+    #: (class_id, unit, broker, primary): where broker events go (built by `fanout`)
     fanout: list[tuple[int, int, int, bool]] = field(default_factory=list)
     #: Identifies one run of the query (a restart gets a new one): the key of the workers' live groups.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -85,11 +85,11 @@ class StreamPlan:
         """Event time of the source's end marker: the watermark after it passes every end timer."""
         return (self.end_timer_ms + 1 + self.allowed_lateness_ms) * 1000
 
-    def routed_in_state(self, cls: int) -> bool:
-        return reads_fault_timeline(self.replay.classes[cls].router[0])
+    def routed_in_state(self, class_id: int) -> bool:
+        return reads_fault_timeline(self.replay.classes[class_id].router[0])
 
-    def horizon_us(self, cls: int) -> int:
-        return max(routing_horizon_us(p) for _, p, _ in self.replay.classes[cls].members)
+    def horizon_us(self, class_id: int) -> int:
+        return max(routing_horizon_us(p) for _, p, _ in self.replay.classes[class_id].members)
 
 
 def fanout(classes: list[RouteClass], broker_ids: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:

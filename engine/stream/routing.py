@@ -26,7 +26,7 @@ from engine.stream.plan import (
     END_KIND,
     FILLS,
     NULL_BITS,
-    PACKED_SCHEMA,
+    PACKED_EVENTS_SCHEMA,
     PRODUCE,
     ROUTED_SCHEMA,
     StreamPlan,
@@ -65,12 +65,12 @@ class _SourceRows:
         cols["row"] = pc.fill_null(batch.column("row"), 0).to_numpy(zero_copy_only=False)
         self.cols, self.keys = cols, batch.column("key")
 
-    def emit(self, rows: np.ndarray, cls, unit, primary, partition=None, delay=None) -> pa.RecordBatch:
-        """Rows `rows` for group (cls, unit); cls/unit/primary are scalars or per-row arrays."""
+    def emit(self, rows: np.ndarray, class_id, unit, primary, partition=None, delay=None) -> pa.RecordBatch:
+        """Rows `rows` for group (class_id, unit); class_id/unit/primary are scalars or per-row arrays."""
         m = len(rows)
         arrays = {name: pa.array(values[rows]) for name, values in self.cols.items()}
         arrays["key"] = self.keys.take(pa.array(rows))
-        arrays["class_id"] = pa.array(np.broadcast_to(np.asarray(cls, dtype=np.int32), m))
+        arrays["class_id"] = pa.array(np.broadcast_to(np.asarray(class_id, dtype=np.int32), m))
         arrays["unit"] = pa.array(np.broadcast_to(np.asarray(unit, dtype=np.int32), m))
         arrays["is_primary"] = pa.array(np.broadcast_to(np.asarray(primary, dtype=bool), m))
         arrays["partition"] = pa.array(np.full(m, -1, dtype=np.int32) if partition is None
@@ -120,7 +120,7 @@ class Router:
             yield src.emit(other, *ACCOUNTING, code[other] != END_CODE)
 
     def pack(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Source rows (source.EVENT_SOURCE_SCHEMA) → one PACKED_SCHEMA row per group they go to."""
+        """Source rows (source.EVENT_SOURCE_SCHEMA) → one PACKED_EVENTS_SCHEMA row per group they go to."""
         classes, units, max_ts, blobs = [], [], [], []
         for rb in self._routed(_SourceRows(self.plan, batch, self.labels)):
             for u, part in split_by(rb, rb.column("unit").to_numpy()):
@@ -130,10 +130,10 @@ class Router:
                 blobs.append(part.serialize().to_pybytes())
         return pa.RecordBatch.from_arrays([pa.array(classes, pa.int32()), pa.array(units, pa.int32()),
                                            pa.array(max_ts, pa.int64()), pa.array(blobs, pa.binary())],
-                                          schema=PACKED_SCHEMA)
+                                          schema=PACKED_EVENTS_SCHEMA)
 
 
 def unpack(blobs) -> pa.Table:
-    """The events of packed group rows (PACKED_DDL's `events`), as one ROUTED_SCHEMA table."""
+    """The events of packed group rows (PACKED_EVENTS_SCHEMA's `events`), as one ROUTED_SCHEMA table."""
     batches = [pa.ipc.read_record_batch(pa.py_buffer(b), ROUTED_SCHEMA) for b in blobs]
     return pa.Table.from_batches(batches, schema=ROUTED_SCHEMA)

@@ -169,9 +169,9 @@ class TraceEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        from engine.stream.plan import PACKED_DDL
+        from engine.stream.plan import PACKED_EVENTS_DDL
 
-        return PACKED_DDL
+        return PACKED_EVENTS_DDL
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         return _Reader(self.options)

@@ -42,10 +42,10 @@ def _split(table: pa.Table | None, before_us: int) -> tuple[pa.Table | None, pa.
 class GroupReplay:
     """The state of one stream group (class, unit): see the module docstring. Pickled between micro-batches."""
 
-    def __init__(self, plan: StreamPlan, cls: int, unit: int) -> None:
-        self.cls, self.unit = cls, unit
-        self.routed_in_state = plan.routed_in_state(cls)
-        self.horizon_us = plan.horizon_us(cls) if self.routed_in_state else 0
+    def __init__(self, plan: StreamPlan, class_id: int, unit: int) -> None:
+        self.class_id, self.unit = class_id, unit
+        self.routed_in_state = plan.routed_in_state(class_id)
+        self.horizon_us = plan.horizon_us(class_id) if self.routed_in_state else 0
         self.buffer: pa.Table | None = None  # BUFFER_COLUMNS, not yet fed
         self.max_event_us = -1  # of this group's on-time rows
         self.frontier_us = 0  # no on-time row can arrive with ts_us below it
@@ -72,7 +72,7 @@ class GroupReplay:
         state: GroupReplay = pickle.loads(blob)
         state._plan = plan
         for g in state.groups.values():
-            g.plan, g.rc = plan.replay, plan.replay.classes[state.cls]
+            g.plan, g.rc = plan.replay, plan.replay.classes[state.class_id]
         return state
 
     # -------------------------------------------------------------------------------- feeding
@@ -103,7 +103,7 @@ class GroupReplay:
         g = self.groups.get(unit)
         if g is None:
             plan = self._plan.replay
-            g = self.groups[unit] = UnitReplay(plan, plan.classes[self.cls], unit)
+            g = self.groups[unit] = UnitReplay(plan, plan.classes[self.class_id], unit)
         return g
 
     def _feed(self, frontier: int | None) -> None:
@@ -162,7 +162,7 @@ class GroupReplay:
         if ready is None or not ready.num_rows:
             return {}
         plan = self._plan.replay
-        rc = plan.classes[self.cls]
+        rc = plan.classes[self.class_id]
         policy, layout = rc.router
         is_produce = pc.equal(ready.column("kind_code"), PRODUCE)
         produce, brokers = ready.filter(is_produce), ready.filter(pc.invert(is_produce))

@@ -220,11 +220,12 @@ def test_bundles_hold_each_message_in_its_routed_unit_and_each_broker_event_in_e
     bundles = pa.Table.from_batches(list(bundle_batches(plan)(iter(trace.to_batches(max_chunksize=700)))))
     assert bundles.num_rows > 3 * len(classes)  # several input batches, several units each
     got: dict[tuple[int, int], Counter] = {}
-    for cls, unit, blob in zip(*(bundles.column(c).to_pylist() for c in ("cls", "unit", "events")), strict=True):
+    columns = (bundles.column(c).to_pylist() for c in ("class_id", "unit", "events"))
+    for class_id, unit, blob in zip(*columns, strict=True):
         events = unbundle(blob)
         assert events.schema == EVENT_SCHEMA
         rows = events.to_pylist()
-        got.setdefault((cls, unit), Counter()).update(tuple(r.values()) for r in rows)
+        got.setdefault((class_id, unit), Counter()).update(tuple(r.values()) for r in rows)
 
     produce = trace.filter(pa.array(is_produce))
     brokers = trace.filter(pa.array(~is_produce)).to_pylist()
@@ -343,7 +344,7 @@ def test_groups_are_placed_longest_first_on_the_least_loaded_task(shape, tasks):
 
 
 def test_each_replay_task_holds_the_groups_placed_on_it(spark):
-    """The placement reaches Spark: rows of (cls, unit) repartitioned by `engine.replay.task_of` land in the task
+    """The placement reaches Spark: rows of (class_id, unit) repartitioned by `engine.replay.task_of` land in the task
     `place_groups` chose, for the 16 presets' 25 groups of `steady-state` at a task per group and at 4 tasks."""
     from pyspark.sql import functions as F
 
@@ -356,19 +357,19 @@ def test_each_replay_task_holds_the_groups_placed_on_it(spark):
     classes = route_classes(policy_runs([pol for _, pol in all_presets()], manifest))
     groups = [(rc.index, u) for rc in classes for u in rc.units]
     assert len(groups) == 25
-    rows = spark.createDataFrame([(c, u, i) for i in range(3) for c, u in groups], "cls INT, unit INT, n INT")
+    rows = spark.createDataFrame([(c, u, i) for i in range(3) for c, u in groups], "class_id INT, unit INT, n INT")
     for tasks in (25, 4):
         placed = place_groups(classes, tasks)
-        got = (rows.repartitionById(tasks, task_of(placed)).select("cls", "unit", F.spark_partition_id().alias("t"))
-               .distinct().collect())
-        assert {(r["cls"], r["unit"]): r["t"] for r in got} == placed
+        got = (rows.repartitionById(tasks, task_of(placed))
+               .select("class_id", "unit", F.spark_partition_id().alias("t")).distinct().collect())
+        assert {(r["class_id"], r["unit"]): r["t"] for r in got} == placed
         assert len(got) == len(groups)
 
 
 def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
     """The batch replay persists its output rows with the other row types' columns in one struct (`packed`), null
     in a message row; read back (`unpacked`), every row type has the columns and values it was made with."""
-    from engine.groups import MESSAGE, OUTPUT_SCHEMA, PACKED_SCHEMA, STATE, WINDOW, packed
+    from engine.groups import MESSAGE, OUTPUT_SCHEMA, PERSISTED_OUTPUT_SCHEMA, STATE, WINDOW, packed
     from engine.replay import unpacked
 
     def output_rows(n: int, **cols: pa.Array) -> pa.RecordBatch:
@@ -388,7 +389,7 @@ def test_the_persisted_layout_reads_back_as_the_output_rows(spark):
     ]
     batches = [packed(b) for b in rows]
     assert [b.column("detail").null_count for b in batches] == [2, 0, 0]
-    back = unpacked(spark.createDataFrame(pa.Table.from_batches(batches, schema=PACKED_SCHEMA)))
+    back = unpacked(spark.createDataFrame(pa.Table.from_batches(batches, schema=PERSISTED_OUTPUT_SCHEMA)))
     assert back.columns == OUTPUT_SCHEMA.names
     want = pa.Table.from_batches(rows).to_pylist()
     got = [r.asDict() for r in back.collect()]
