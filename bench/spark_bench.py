@@ -100,7 +100,7 @@ def replay_core(spark, trace: Path, policy_texts: list[str], out: str) -> int:
     frames = replay_frames(spark, manifest, events, runs)
     lakehouse = Lakehouse(out, spark, create=False)
     try:
-        lakehouse.replace_run("message_outcomes", [r.run_id for r in runs], frames.message_outcomes)
+        lakehouse.replace_run("message_outcomes", [r.run_id for r in runs], frames.outcomes.message_outcomes)
     finally:
         frames.release()
     return lakehouse.read("message_outcomes").count()

@@ -8,6 +8,7 @@ _EXPORTS = {
     "ReplayReport": "engine.plan",
     "ReplayRequest": "engine.plan",
     "RunFigures": "engine.plan",
+    "OutcomeFrames": "engine.plan",
     "policy_runs": "engine.plan",
     "ReplayFrames": "engine.replay",
     "replay_frames": "engine.replay",

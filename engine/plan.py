@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from engine.groups import RouteClass
     from replay.families import Layout
     from replay.policies import Policy
@@ -17,6 +19,27 @@ if TYPE_CHECKING:
 #: window_us, duration_us) -> (run_id, {artifact name: PNG bytes}) for each run;
 #: `report.figures.run_figures` is the one in use.
 RunFigures = Callable[..., Iterable[tuple[str, dict[str, Any]]]]
+
+
+@dataclass
+class OutcomeFrames:
+    """A replay's results for every run of one invocation, as Spark DataFrames in the table schemas
+    (`schemas/tables.py`): what batch and stream mode derive from the kernels' output rows
+    (`engine.replay.frames_from_raw`) and what `engine.publish` writes."""
+
+    message_outcomes: DataFrame
+    partition_states: DataFrame
+    unavailability: DataFrame
+    #: (run_id, partition, window_start_us, engine.metrics.WINDOW_COUNTS + WINDOW_TIMES): the message figures per
+    #: partition and window, derived in the replay tasks (`engine.metrics.message_windows`); None: they are
+    #: aggregated from message_outcomes instead.
+    windows: DataFrame | None = None
+    #: (run_id, metric, value, frequency): how often each ack latency and visibility lag occurs in a unit
+    #: (`engine.groups._histogram_batches`); with `windows`, run_summary is read off them; None: run_summary
+    #: aggregates message_outcomes instead.
+    histograms: DataFrame | None = None
+    #: Bytes replicated per run_id.
+    replication_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

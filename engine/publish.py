@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import metrics
 from engine.metrics import RunInfo
+from engine.plan import OutcomeFrames
 from expectations.output_gate import NamedCheck, RunOutputs, run_output_gate
 from storage.lakehouse import HeldTables, Lakehouse, RunRecord
 from storage.session import uncompressed_cache
@@ -36,19 +37,11 @@ class ReplayResults:
 
     records: Sequence[RunRecord]
     infos: Sequence[RunInfo]
-    message_outcomes: DataFrame
-    partition_states: DataFrame
-    unavailability: DataFrame
+    outcomes: OutcomeFrames
     #: The clean trace events the replay read (SPEC §2.1 columns): watermarks and the message coverage check.
     events: DataFrame
     #: Stream mode: the run's own `watermarks` rows, one per micro-batch; None derives batch mode's one row.
     watermarks: DataFrame | None = None
-    #: The message figures per run, partition and window as the replay tasks derived them
-    #: (`engine.replay.RawFrames.windows`); None aggregates message_outcomes instead.
-    windows: DataFrame | None = None
-    #: How often each ack latency and visibility lag occurs (`engine.replay.RawFrames.histograms`): with `windows`,
-    #: run_summary is derived from them; None aggregates message_outcomes instead.
-    histograms: DataFrame | None = None
 
 
 def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[str, Any]:
@@ -61,11 +54,11 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
     39.5 s); in the demo (2.4 M outcomes) 46.5 s against 51.7-52.0 s (A/B in one session)."""
     info = metrics.run_info_df(spark, list(results.infos))
     tables = {
-        "message_outcomes": results.message_outcomes,
-        "partition_states": results.partition_states.persist(),
-        "unavailability": results.unavailability.persist(),
+        "message_outcomes": results.outcomes.message_outcomes,
+        "partition_states": results.outcomes.partition_states.persist(),
+        "unavailability": results.outcomes.unavailability.persist(),
     }
-    windows = results.windows.persist() if results.windows is not None else None
+    windows = results.outcomes.windows.persist() if results.outcomes.windows is not None else None
     tables["committed_offsets"] = metrics.committed_offsets(tables["partition_states"], tables["message_outcomes"],
                                                             info, window_ms, windows=windows).persist()
     tables["loss_metrics"] = metrics.loss_metrics(tables["message_outcomes"], tables["unavailability"], info,
@@ -73,7 +66,7 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
     watermarks = results.watermarks if results.watermarks is not None else metrics.watermarks(results.events, info)
     tables["watermarks"] = watermarks.persist()
     tables["run_summary"] = metrics.run_summary(tables["message_outcomes"], tables["unavailability"], info,
-                                                windows=windows, histograms=results.histograms).persist()
+                                                windows=windows, histograms=results.outcomes.histograms).persist()
     return tables
 
 
@@ -125,5 +118,6 @@ def publishing(spark, lakehouse: Lakehouse, results: ReplayResults, *, trace_id:
             summaries = {r.run_id: r.asDict() for r in tables["run_summary"].collect()}
             yield Publication([summaries[run_id] for run_id in run_ids], HeldTables(lakehouse, tables))
         finally:
-            for df in [*tables.values(), *([results.windows] if results.windows is not None else [])]:
+            windows = results.outcomes.windows
+            for df in [*tables.values(), *([windows] if windows is not None else [])]:
                 df.unpersist()

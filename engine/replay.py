@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.plan import (
+    OutcomeFrames,
     PolicyRun,
     ReplayReport,
     ReplayRequest,
@@ -54,17 +55,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReplayFrames:
-    """The replay's raw results for every policy of one invocation (Spark DataFrames in the table schemas)."""
+    """The batch replay's results for every policy of one invocation, with what they were computed from."""
 
     runs: list[PolicyRun]
-    message_outcomes: DataFrame
-    partition_states: DataFrame
-    unavailability: DataFrame
-    replication_bytes: dict[str, int]
+    outcomes: OutcomeFrames
     control: PartitionEvents | None = None  # the fault timeline the plan routed with
     raw: DataFrame | None = None  # the persisted kernel output the frames read (`unpacked`)
-    windows: DataFrame | None = None  # message figures per run, partition and window (RawFrames.windows)
-    histograms: DataFrame | None = None  # RawFrames.histograms
 
     def release(self) -> None:
         if self.raw is not None:
@@ -210,8 +206,7 @@ def replay_frames(spark, manifest, events_df, runs: Sequence[PolicyRun], window_
     with uncompressed_cache(spark):
         raw = grouped.mapInArrow(run_groups(plan), PERSISTED_OUTPUT_DDL).persist(StorageLevel.DISK_ONLY)
         frames = frames_from_raw(spark, runs, unpacked(raw))
-    return ReplayFrames(list(runs), frames.message_outcomes, frames.partition_states, frames.unavailability,
-                        frames.replication_bytes, plan.control, raw, frames.windows, frames.histograms)
+    return ReplayFrames(list(runs), frames, plan.control, raw)
 
 
 def unpacked(raw):
@@ -222,23 +217,7 @@ def unpacked(raw):
     return raw.select(*MESSAGE_COLUMNS, "detail.*")
 
 
-@dataclass
-class RawFrames:
-    """What the kernels' output rows hold, as frames in the table schemas, and replication bytes per run."""
-
-    message_outcomes: DataFrame
-    partition_states: DataFrame
-    unavailability: DataFrame
-    replication_bytes: dict[str, int]
-    #: (run_id, partition, window_start_us, engine.metrics.WINDOW_COUNTS + WINDOW_TIMES): the message figures per
-    #: partition and window, derived in the replay tasks (`engine.metrics.message_windows`).
-    windows: DataFrame | None
-    #: (run_id, metric, value, frequency): how often each ack latency and visibility lag occurs in a unit
-    #: (`engine.groups._histogram_batches`); run_summary's percentiles are read off them.
-    histograms: DataFrame | None = None
-
-
-def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
+def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> OutcomeFrames:
     """The frames of the kernels' output rows (`engine.groups.OUTPUT_DDL`); the batch and the stream replay share
     it."""
     from pyspark.sql import functions as F
@@ -291,8 +270,8 @@ def frames_from_raw(spark, runs: Sequence[PolicyRun], raw) -> RawFrames:
         histograms = raw.where(F.col("rtype").isin(*HISTOGRAM_ROW_TYPES)).select(
             run_ids.alias("run_id"), metric.alias("metric"), "value", "frequency")
 
-    return RawFrames(as_table(messages, "message_outcomes"), as_table(states, "partition_states"),
-                     as_table(intervals, "unavailability"), totals, windows, histograms)
+    return OutcomeFrames(as_table(messages, "message_outcomes"), as_table(states, "partition_states"),
+                         as_table(intervals, "unavailability"), windows, histograms, totals)
 
 
 # ------------------------------------------------------------------------------------------------ shared by modes
@@ -410,12 +389,10 @@ def run_replay(spark, request: ReplayRequest, *, progress=None) -> ReplayReport:
             try:
                 results = ReplayResults(
                     run_records(runs, manifest.trace_id, request.mode, tracker.run_ids if tracker else None),
-                    run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
-                    frames.partition_states, frames.unavailability, events, windows=frames.windows,
-                    histograms=frames.histograms)
+                    run_infos(runs, manifest, frames.outcomes.replication_bytes), frames.outcomes, events)
                 step("windows and summary")
-                checks = invariants.checks(spark, runs, frames.message_outcomes, frames.partition_states,
-                                           frames.control)
+                checks = invariants.checks(spark, runs, frames.outcomes.message_outcomes,
+                                           frames.outcomes.partition_states, frames.control)
                 with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
                                 extra_checks=checks, progress=step) as published:
                     report = ReplayReport(manifest.trace_id, runs, published.summaries, str(lakehouse.root),

@@ -67,21 +67,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from generators.model import Dist, DistKind, RateShape, Scenario, ShapeKind
-from generators.timeline import (
-    STREAM_SHAPE,
-    US_PER_MS,
-    US_PER_S,
-    BrokerBlocks,
-    broker_blocks,
-    fault_events,
-    rng_for,
-    stall_episodes,
-    to_us,
-)
+from generators.timeline import STREAM_SHAPE, BrokerBlocks, broker_blocks, fault_events, rng_for, stall_episodes, to_us
 from schemas.errors import BadInput
 from schemas.trace import EVENT_ARROW_SCHEMA, KIND_LABELS, Broker, Kind, Manifest
+from schemas.units import MS, S
 
-BLOCK_US = US_PER_S  # the unit of produce randomness and of live slices
+BLOCK_US = S  # the unit of produce randomness and of live slices
 SUB_BINS = 100  # rate-shape resolution inside a block (10 ms)
 TARGET_EVENTS_PER_CHUNK = 1_000_000
 TASK_WAVES = 2  # tasks per unit of spark.default.parallelism
@@ -175,7 +166,7 @@ class ReporterPlan:
         if self.delay.kind is DistKind.LOGNORMAL:
             dz = _uniforms(self.hash_key ^ _HASH_DELAY_Z, j)
             z = np.sqrt(-2.0 * np.log1p(-du)) * np.cos(2.0 * np.pi * dz)  # Box-Muller
-        delay_us = np.clip(np.floor(self.delay.transform(du, z) * US_PER_MS), 0, self.max_delay_us).astype(np.int64)
+        delay_us = np.clip(np.floor(self.delay.transform(du, z) * MS), 0, self.max_delay_us).astype(np.int64)
         upto = np.maximum.accumulate(np.maximum(ts - delay_us, 0))
         resume, base = self.resume_us, self.resume_from_us
         if len(resume):
@@ -265,11 +256,11 @@ def build_plan(scenario: Scenario, seed: int, scale: float, *, slice_blocks: int
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
         raise BadInput(f"--scale must be a number > 0, got {scale!r}", rule="arguments")
     wl = scenario.workload
-    duration_us = to_us(wl.duration_s, US_PER_S, scale)
+    duration_us = to_us(wl.duration_s, S, scale)
     if duration_us < 1:
         raise BadInput(f"--scale {scale:g} leaves a trace shorter than 1 µs", rule="arguments")
     rate = wl.rate_per_s * scale
-    expected = rate * duration_us / US_PER_S * (wl.shape.factor or 1.0)
+    expected = rate * duration_us / S * (wl.shape.factor or 1.0)
     if expected > MAX_EVENTS:
         raise BadInput(f"--scale {scale:g} asks for about {expected:.3g} messages (more than {MAX_EVENTS:.0e})",
                        rule="arguments")
@@ -277,7 +268,7 @@ def build_plan(scenario: Scenario, seed: int, scale: float, *, slice_blocks: int
     shape = wl.shape
     curve = RateCurve(rate, shape)
     if shape.kind is ShapeKind.DIURNAL:
-        curve = RateCurve(rate, shape, period_us=to_us(shape.period_s, US_PER_S, scale))
+        curve = RateCurve(rate, shape, period_us=to_us(shape.period_s, S, scale))
     elif shape.kind is ShapeKind.BURSTY:
         starts, ends = _bursts(seed, shape.every_s, shape.length_s, wl.duration_s, scale)
         curve = RateCurve(rate, shape, burst_starts_us=starts, burst_ends_us=ends)
@@ -289,7 +280,7 @@ def build_plan(scenario: Scenario, seed: int, scale: float, *, slice_blocks: int
         starts = blocks * BLOCK_US
         lengths = np.minimum(starts + BLOCK_US, duration_us) - starts
         centers = starts[:, None] + (np.arange(SUB_BINS) + 0.5)[None, :] * (lengths[:, None] / SUB_BINS)
-        lam[blocks] = rate * lengths / US_PER_S * curve.multiplier(centers).mean(axis=1)
+        lam[blocks] = rate * lengths / S * curve.multiplier(centers).mean(axis=1)
     counts = rng_for(seed, STREAM_COUNTS).poisson(lam).astype(np.int64)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
@@ -323,7 +314,7 @@ def _bursts(seed: int, every_s: float, length_s: float, duration_s: float, scale
         starts.append(t)
     merged: list[list[int]] = []
     for s in starts:
-        a, b = to_us(s, US_PER_S, scale), to_us(s + length_s, US_PER_S, scale)
+        a, b = to_us(s, S, scale), to_us(s + length_s, S, scale)
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
@@ -343,11 +334,11 @@ def _pack_chunks(events_per_block: np.ndarray, target: int) -> np.ndarray:
 
 def _reporter(scenario: Scenario, seed: int, b: int, blocks: BrokerBlocks, duration_us: int) -> ReporterPlan:
     beh = scenario.replication.for_broker(b)
-    interval = max(1, to_us(beh.fetch_interval_ms, US_PER_MS))
-    jitter = to_us(beh.fetch_jitter_ms, US_PER_MS)
+    interval = max(1, to_us(beh.fetch_interval_ms, MS))
+    jitter = to_us(beh.fetch_jitter_ms, MS)
     key = _hash_key(seed, 0x5EB1CA7E, b)
     phase = int(_uniforms(key ^ _HASH_PHASE, np.zeros(1, np.int64))[0] * interval)
-    rp = ReporterPlan(b, interval, jitter, phase, beh.delay_ms, math.ceil(beh.delay_ms.upper_bound * US_PER_MS),
+    rp = ReporterPlan(b, interval, jitter, phase, beh.delay_ms, math.ceil(beh.delay_ms.upper_bound * MS),
                       beh.catchup_speed, key, blocks, np.zeros(0, np.int64), np.zeros(0, np.int64))
     # Catch-up lines, in time order: each starts where a stretch without reports ends, from the data the
     # broker held when the stretch began: its last report before it (computed with the lines so far), or
@@ -638,7 +629,7 @@ def _generate_live(spark, plan: TracePlan, manifest: Manifest, out: Path, stagin
     events.mkdir()
     manifest.write(out)
     slice_us = plan.chunk_span(0)[1] - plan.chunk_span(0)[0]
-    per_group = max(1, math.ceil(10 * speed * US_PER_S / max(slice_us, 1)))  # ~10 wall seconds ahead
+    per_group = max(1, math.ceil(10 * speed * S / max(slice_us, 1)))  # ~10 wall seconds ahead
     groups = [range(g, min(g + per_group, plan.n_chunks)) for g in range(0, plan.n_chunks, per_group)]
     summaries: list[ChunkSummary] = []
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -652,13 +643,13 @@ def _generate_live(spark, plan: TracePlan, manifest: Manifest, out: Path, stagin
                 pending = pool.submit(_run_chunks, spark, plan, groups[gi + 1], staging)
             for s in done:
                 _, hi, _ = plan.chunk_span(s.chunk)
-                delay = start + hi / US_PER_S / speed - time.monotonic()
+                delay = start + hi / S / speed - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
                 name = PART_NAME.format(s.chunk)
                 os.replace(staging / name, events / name)
                 summaries.append(s)
                 if log is not None:
-                    log(f"live: {name} ({s.rows} events, trace time up to {hi / US_PER_S:.1f} s)")
+                    log(f"live: {name} ({s.rows} events, trace time up to {hi / S:.1f} s)")
     (events / COMPLETE_MARKER).write_text(json.dumps({"files": plan.n_chunks}) + "\n")
     return summaries

@@ -24,9 +24,7 @@ import numpy as np
 
 from generators.model import Dist, FaultKind, RandomFault, Scenario, ScheduledFault
 from schemas.trace import STOP_KINDS, Kind
-
-US_PER_MS = 1000
-US_PER_S = 1_000_000
+from schemas.units import MS, S
 
 #: Independent random streams (numpy SeedSequence spawn keys) so that adding one kind of randomness to a
 #: scenario never changes the draws of another.
@@ -106,7 +104,7 @@ def _expand_scheduled(scheduled: Sequence[ScheduledFault], paths: Sequence[str],
     prev_ms, prev_us = None, -1
     for i in order:
         ms = scheduled[i].at_ms
-        us = to_us(ms, US_PER_MS, scale)
+        us = to_us(ms, MS, scale)
         if prev_ms is not None and ms > prev_ms:
             us = max(us, prev_us + 1)
         elif prev_ms is not None:
@@ -117,7 +115,7 @@ def _expand_scheduled(scheduled: Sequence[ScheduledFault], paths: Sequence[str],
     for i, s in enumerate(scheduled):
         t = at_us[i]
         if s.kind is FaultKind.ROLLING_RESTART:
-            down, gap = to_us(s.downtime_ms, US_PER_MS, scale), to_us(s.gap_ms or 0.0, US_PER_MS, scale)
+            down, gap = to_us(s.downtime_ms, MS, scale), to_us(s.gap_ms or 0.0, MS, scale)
             for j, b in enumerate(s.brokers):
                 start = t + j * (down + gap)
                 out.append((start, Kind.SHUTDOWN, b, _GROUP, paths[i]))
@@ -131,11 +129,11 @@ def _expand_scheduled(scheduled: Sequence[ScheduledFault], paths: Sequence[str],
 def check_scheduled(scheduled: Sequence[ScheduledFault], paths: Sequence[str], ids: Sequence[int],
                     duration_ms: float, *, bad: Callable[[str, str], Exception]) -> None:
     """Reject a scenario whose single-broker scheduled entries break SPEC §2.3 (raises bad(path, why))."""
-    duration_us = to_us(duration_ms, US_PER_MS)
+    duration_us = to_us(duration_ms, MS)
     expanded = _expand_scheduled(scheduled, paths, 1.0)
     for ts, _, _, _, path in expanded:
         if ts > duration_us:
-            raise bad(path, f"ends after the trace (rolling restart reaches {ts / US_PER_MS:g} ms, duration "
+            raise bad(path, f"ends after the trace (rolling restart reaches {ts / MS:g} ms, duration "
                             f"{duration_ms:g} ms)")
     _simulate(expanded, [], ids, duration_us, bad=bad)
 
@@ -165,7 +163,7 @@ def _simulate(scheduled: list[tuple[int, Kind, int, int, str]],
         if p.mode == _STRICT and why is not None:
             if bad is None:
                 raise AssertionError(f"scheduled entry {p.path} invalid at generation time: {why}")
-            raise bad(p.path, f"{kind.label} at {p.ts_us / US_PER_MS:g} ms: {why}")
+            raise bad(p.path, f"{kind.label} at {p.ts_us / MS:g} ms: {why}")
         if why is not None:
             continue
         if p.mode == _RANDOM:
@@ -216,7 +214,7 @@ def _random_episodes(scenario: Scenario, seed: int, scale: float
                 for t, down in _poisson_episodes(rng, fault.mtbf_s, horizon_s, fault.mttr_s):
                     stagger = rng.random(len(members)) * 0.1 * down  # machines boot at slightly different times
                     for b, extra in zip(members, stagger, strict=True):
-                        out.append((to_us(t, US_PER_S, scale), kind, b, to_us(t + down + extra, US_PER_S, scale),
+                        out.append((to_us(t, S, scale), kind, b, to_us(t + down + extra, S, scale),
                                     recovery))
         elif name == "rolling_restart":
             rng = rng_for(seed, STREAM_FAULTS, proc_index, 0)
@@ -225,7 +223,7 @@ def _random_episodes(scenario: Scenario, seed: int, scale: float
             for b in ids:
                 rng = rng_for(seed, STREAM_FAULTS, proc_index, b)
                 for t, down in _poisson_episodes(rng, fault.mtbf_s, horizon_s, fault.mttr_s):
-                    out.append((to_us(t, US_PER_S, scale), kind, b, to_us(t + down, US_PER_S, scale), recovery))
+                    out.append((to_us(t, S, scale), kind, b, to_us(t + down, S, scale), recovery))
     return out
 
 
@@ -240,14 +238,14 @@ def _rolling(rng: np.random.Generator, fault: RandomFault, ids: Sequence[int], h
         for b in ids:
             down = float(fault.mttr_s.sample(rng, 1)[0])
             gap = float(fault.gap_s.sample(rng, 1)[0]) if fault.gap_s is not None else 0.0
-            out.append((to_us(at, US_PER_S, scale), Kind.SHUTDOWN, b, to_us(at + down, US_PER_S, scale),
+            out.append((to_us(at, S, scale), Kind.SHUTDOWN, b, to_us(at + down, S, scale),
                         Kind.RESTART))
             at += down + gap
 
 
 def fault_events(scenario: Scenario, seed: int, scale: float) -> list[FaultEvent]:
     """Every fault event of the trace, in trace order (time, then SPEC §2.2 kind order, then broker)."""
-    duration_us = to_us(scenario.workload.duration_s, US_PER_S, scale)
+    duration_us = to_us(scenario.workload.duration_s, S, scale)
     paths = [f"faults.scheduled[{i}]" for i in range(len(scenario.faults.scheduled))]
     scheduled = _expand_scheduled(scenario.faults.scheduled, paths, scale)
     scheduled = [s for s in scheduled if s[0] <= duration_us]
@@ -274,10 +272,10 @@ class BrokerBlocks:
 
 def stall_episodes(scenario: Scenario, seed: int, scale: float) -> dict[int, list[tuple[int, int]]]:
     """[start, end) µs of every stall (scheduled, slow-follower and GC-pause episodes) per broker."""
-    duration_us = to_us(scenario.workload.duration_s, US_PER_S, scale)
+    duration_us = to_us(scenario.workload.duration_s, S, scale)
     out: dict[int, list[tuple[int, int]]] = {b: [] for b in scenario.broker_ids}
     for s in scenario.replication.stalls:
-        out[s.broker].append((to_us(s.from_ms, US_PER_MS, scale), min(to_us(s.to_ms, US_PER_MS, scale),
+        out[s.broker].append((to_us(s.from_ms, MS, scale), min(to_us(s.to_ms, MS, scale),
                                                                       duration_us + 1)))
     for b in scenario.broker_ids:
         beh = scenario.replication.for_broker(b)
@@ -286,14 +284,14 @@ def stall_episodes(scenario: Scenario, seed: int, scale: float) -> dict[int, lis
             rng = rng_for(seed, STREAM_STALLS, 0, b)
             for t, length in _poisson_episodes(rng, beh.slow_follower.every_s, scenario.workload.duration_s,
                                                beh.slow_follower.length):
-                out[b].append((to_us(t, US_PER_S, scale), to_us(t + length, US_PER_S, scale)))
+                out[b].append((to_us(t, S, scale), to_us(t + length, S, scale)))
         if beh.gc_pause is not None:
             # A JVM property: pauses keep their real-time rate and length whatever the scale.
             rng = rng_for(seed, STREAM_STALLS, 1, b)
-            for t, length_ms in _poisson_episodes(rng, beh.gc_pause.every_s, duration_us / US_PER_S,
+            for t, length_ms in _poisson_episodes(rng, beh.gc_pause.every_s, duration_us / S,
                                                   beh.gc_pause.length):
-                start = to_us(t, US_PER_S)
-                out[b].append((start, start + max(1, to_us(length_ms, US_PER_MS))))
+                start = to_us(t, S)
+                out[b].append((start, start + max(1, to_us(length_ms, MS))))
     return out
 
 

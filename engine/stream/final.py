@@ -62,16 +62,15 @@ def publish_final(spark, lakehouse, tf, runs, request: ReplayRequest, ck: Stream
     events = replayed_events(spark, tf, exclude)
     raw = read_final(spark, ck.final_dir)
     frames = frames_from_raw(spark, runs, raw)
-    msgs, states, intervals = frames.message_outcomes, frames.partition_states, frames.unavailability
+    msgs, states = frames.message_outcomes, frames.partition_states
     events = events.persist()
     try:
         wm_rows = (lakehouse.read("watermarks").where(in_predicate("run_id", run_ids))
                    .dropDuplicates(["run_id", "batch"]).collect())
         watermarks = spark.createDataFrame([r.asDict() for r in wm_rows], TABLES["watermarks"].spark_schema())
         records = run_records(runs, manifest.trace_id, "stream", tracker.run_ids if tracker is not None else None)
-        results = ReplayResults(records, run_infos(runs, manifest, frames.replication_bytes), msgs, states,
-                                intervals, events, watermarks=watermarks, windows=frames.windows,
-                                histograms=frames.histograms)
+        results = ReplayResults(records, run_infos(runs, manifest, frames.replication_bytes), frames, events,
+                                watermarks=watermarks)
         checks = invariants.checks(spark, runs, msgs, states, control_timeline(events))
         with publishing(spark, lakehouse, results, trace_id=manifest.trace_id, window_ms=request.window_ms,
                         extra_checks=checks, progress=progress) as publication:

@@ -17,9 +17,10 @@ import pytest
 from expectations.trace_gate import check_trace_rules
 from generators.generate import COMPLETE_MARKER, build_plan, chunk_table, generate_trace
 from generators.library import resolve_scenario, scenario_files
-from generators.timeline import US_PER_S, fault_events, to_us
+from generators.timeline import fault_events, to_us
 from pipelines.cli import main
 from schemas.trace import EVENT_ARROW_SCHEMA, Kind, Manifest
+from schemas.units import S
 from storage.trace_loader import read_events_arrow, read_events_spark
 
 pytestmark = pytest.mark.spark
@@ -271,7 +272,7 @@ def test_every_library_scenario_generates_through_the_cli(spark, tmp_path, name,
     manifest, table = read_events_arrow(out)
     sc = resolve_scenario(name)
     assert manifest.generator["scenario"] == name
-    assert manifest.duration_us == to_us(sc.workload.duration_s, US_PER_S, 0.05)
+    assert manifest.duration_us == to_us(sc.workload.duration_s, S, 0.05)
     kinds = table["kind"].to_pylist()
     assert kinds.count("produce") == manifest.generator["produce_events"] > 0
     assert kinds.count("replicate") > 0

@@ -338,6 +338,7 @@ def test_concurrent_writers_of_different_runs_both_land(spark, tmp_path, referen
 def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
     """engine.publish: what a replay job calls with its outcomes, timelines and intervals. Inside `publishing`'s
     block MLflow's views of the runs come from the persisted frames, and equal those read back from Delta."""
+    from engine.plan import OutcomeFrames
     from engine.publish import ReplayResults, publishing
     from storage import report_data
 
@@ -345,9 +346,9 @@ def test_publish_derives_gates_and_writes_every_table(spark, tmp_path):
     outcomes = spark.createDataFrame(pa.concat_tables([r.outcomes for r in runs]))
     events = outcomes.where("run_id = 'p1'").selectExpr("produce_us AS ts_us", "'produce' AS kind", "msg_id")
     results = ReplayResults(
-        [record(r.run_id, i) for i, r in enumerate(runs)], [r.info for r in runs], outcomes,
-        spark.createDataFrame(pa.concat_tables([r.states for r in runs])),
-        spark.createDataFrame(pa.concat_tables([r.unavailability for r in runs])), events)
+        [record(r.run_id, i) for i, r in enumerate(runs)], [r.info for r in runs], OutcomeFrames(
+            outcomes, spark.createDataFrame(pa.concat_tables([r.states for r in runs])),
+            spark.createDataFrame(pa.concat_tables([r.unavailability for r in runs]))), events)
     lh = Lakehouse(tmp_path / "lh", spark, create=False)
     ids = ["p1", "p2"]
     with publishing(spark, lh, results, trace_id="synthetic-trace", window_ms=500) as published:

@@ -59,9 +59,9 @@ def test_golden_summaries_through_spark(spark, folder):
     assert frames.raw.storageLevel == StorageLevel.DISK_ONLY
     try:
         summary = {r["run_id"]: r.asDict() for r in metrics.run_summary(
-            frames.message_outcomes, frames.unavailability, run_infos(runs, manifest, frames.replication_bytes),
-            spark=spark).collect()}
-        outcomes = {(r["run_id"], r["msg_id"]): r.asDict() for r in frames.message_outcomes.collect()}
+            frames.outcomes.message_outcomes, frames.outcomes.unavailability,
+            run_infos(runs, manifest, frames.outcomes.replication_bytes), spark=spark).collect()}
+        outcomes = {(r["run_id"], r["msg_id"]): r.asDict() for r in frames.outcomes.message_outcomes.collect()}
     finally:
         frames.release()
     for case, run in zip(cases, runs, strict=True):
@@ -124,33 +124,34 @@ def generated_trace(tmp_path_factory):
     return folder
 
 
-def derived_in_tasks_equal_spark_aggregates(frames, infos) -> None:
+def derived_in_tasks_equal_spark_aggregates(outcomes, infos) -> None:
     """loss_metrics and committed_offsets from the message figures the replay tasks derived per window
     (`engine.metrics.message_windows`) equal the Spark aggregation of message_outcomes, row for row."""
-    mo, windows = frames.message_outcomes, frames.windows
+    mo, windows = outcomes.message_outcomes, outcomes.windows
     assert windows is not None
 
     def rows(df) -> list:
         return sorted(df.collect(), key=lambda r: tuple((v is None, v) for v in r))
 
-    spark_lm = rows(metrics.loss_metrics(mo, frames.unavailability, infos))
-    assert rows(metrics.loss_metrics(mo, frames.unavailability, infos, windows=windows)) == spark_lm
+    spark_lm = rows(metrics.loss_metrics(mo, outcomes.unavailability, infos))
+    assert rows(metrics.loss_metrics(mo, outcomes.unavailability, infos, windows=windows)) == spark_lm
     assert sum(r.produced for r in spark_lm) == mo.count()  # every message in some window
     assert any(r.ack_latency_p50_us is not None for r in spark_lm)  # percentiles compared, not only nulls
-    spark_co = rows(metrics.committed_offsets(frames.partition_states, mo, infos))
-    assert rows(metrics.committed_offsets(frames.partition_states, mo, infos, windows=windows)) == spark_co
+    spark_co = rows(metrics.committed_offsets(outcomes.partition_states, mo, infos))
+    assert rows(metrics.committed_offsets(outcomes.partition_states, mo, infos, windows=windows)) == spark_co
     assert any(r.visibility_lag_p99_us is not None for r in spark_co)
     # run_summary from the windows and the (value, frequency) rows equals its aggregation of message_outcomes
-    assert frames.histograms is not None
-    spark_rs = rows(metrics.run_summary(mo, frames.unavailability, infos))
-    assert rows(metrics.run_summary(mo, frames.unavailability, infos, windows=windows,
-                                    histograms=frames.histograms)) == spark_rs
+    assert outcomes.histograms is not None
+    spark_rs = rows(metrics.run_summary(mo, outcomes.unavailability, infos))
+    assert rows(metrics.run_summary(mo, outcomes.unavailability, infos, windows=windows,
+                                    histograms=outcomes.histograms)) == spark_rs
     assert len(spark_rs) == len(infos) and sum(r.produced for r in spark_rs) == mo.count()
     assert any(r.ack_latency_p999_ms is not None for r in spark_rs)
     assert any(r.visibility_lag_p99_ms is not None for r in spark_rs)
     # fewer rows than values: each distinct value of a unit is one row
     acked = mo.where("status = 'acked'").count()
-    assert frames.histograms.groupBy().sum("frequency").first()[0] == acked + mo.where("visible_us IS NOT NULL").count()
+    visible = mo.where("visible_us IS NOT NULL").count()
+    assert outcomes.histograms.groupBy().sum("frequency").first()[0] == acked + visible
 
 
 def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trace):
@@ -162,10 +163,11 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")  # many chunks per group
     try:
         manifest, runs, frames = spark_replay(spark, generated_trace, policies)
-        msgs = frames.message_outcomes.toArrow()
-        states = frames.partition_states.toArrow()
-        gaps = frames.unavailability.toArrow()
-        derived_in_tasks_equal_spark_aggregates(frames, run_infos(runs, manifest, frames.replication_bytes))
+        msgs = frames.outcomes.message_outcomes.toArrow()
+        states = frames.outcomes.partition_states.toArrow()
+        gaps = frames.outcomes.unavailability.toArrow()
+        infos = run_infos(runs, manifest, frames.outcomes.replication_bytes)
+        derived_in_tasks_equal_spark_aggregates(frames.outcomes, infos)
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
         frames.release()
@@ -187,7 +189,7 @@ def test_every_preset_in_one_pass_equals_the_local_kernels(spark, generated_trac
         assert rows(states, run.run_id, ["partition", "ts_us", "leader", "leader_epoch", "isr", "log_end_offset",
                              "high_watermark"]) == want_states, run.canonical
         assert rows(gaps, run.run_id, ["partition", "start_us", "end_us"]) == want_gaps, run.canonical
-        assert frames.replication_bytes[run.run_id] == want_bytes, run.canonical
+        assert frames.outcomes.replication_bytes[run.run_id] == want_bytes, run.canonical
 
 
 def test_bundles_hold_each_message_in_its_routed_unit_and_each_broker_event_in_every_unit_hosting_it(

@@ -170,12 +170,12 @@ def assert_same_as_batch(spark, run: CoreRun, batch_trace: Path | None = None) -
     try:
         raw = read_final(spark, run.final_dir)
         stream = frames_from_raw(spark, run.runs, raw)
-        assertDataFrameEqual(stream.message_outcomes, batch.message_outcomes)
-        assertDataFrameEqual(stream.partition_states, batch.partition_states)
-        assertDataFrameEqual(stream.unavailability, batch.unavailability)
-        assertDataFrameEqual(stream.windows, batch.windows)
-        assertDataFrameEqual(stream.histograms, batch.histograms)
-        assert stream.replication_bytes == batch.replication_bytes
+        assertDataFrameEqual(stream.message_outcomes, batch.outcomes.message_outcomes)
+        assertDataFrameEqual(stream.partition_states, batch.outcomes.partition_states)
+        assertDataFrameEqual(stream.unavailability, batch.outcomes.unavailability)
+        assertDataFrameEqual(stream.windows, batch.outcomes.windows)
+        assertDataFrameEqual(stream.histograms, batch.outcomes.histograms)
+        assert stream.replication_bytes == batch.outcomes.replication_bytes
     finally:
         batch.release()
 
@@ -435,8 +435,7 @@ def batch_tables(spark, trace: Path, policies: list[Any]) -> dict[str, Any]:
     runs = policy_runs(policies, manifest)
     frames = replay_frames(spark, manifest, events, runs)
     results = ReplayResults(run_records(runs, manifest.trace_id, "batch"),
-                            run_infos(runs, manifest, frames.replication_bytes), frames.message_outcomes,
-                            frames.partition_states, frames.unavailability, events)
+                            run_infos(runs, manifest, frames.outcomes.replication_bytes), frames.outcomes, events)
     return derive_tables(spark, results)
 
 

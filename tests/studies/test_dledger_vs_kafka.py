@@ -15,13 +15,13 @@ import pytest
 from replay.local import replay_local
 from replay.policies import parse_policy
 from schemas.outcomes import Error, Status
+from schemas.units import S
 from studies.dledger_vs_kafka import Figures, load_trace
 from studies.dledger_vs_kafka import figures as compute_figures
 
 DLEDGER = "dledger:group_size=5,queues_per_group=50"
 KAFKA_RF5 = "kafka:partitions=50,replication_factor=5,min_insync_replicas=3"
 KAFKA_RF3 = "kafka:partitions=50,replication_factor=3,min_insync_replicas=2"
-S = 1_000_000
 
 
 _FIGURES: dict[tuple[str, str], Figures] = {}
