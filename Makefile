@@ -53,7 +53,7 @@ testbed: $(STAMP)
 	$(PY) -m pipelines.testbed_job $(TESTBED_ARGS)
 
 # Headless Chromium from Debian's packages, for the tests that open the reports and the MLflow UI in a real
-# browser (tests/pipelines/test_browser.py; skipped without it). Does nothing when it is there, or without root.
+# browser (tests/report/test_browser.py; skipped without it). Does nothing when it is there, or without root.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

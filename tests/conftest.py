@@ -10,11 +10,13 @@ marks its groups on `Item._nodeid`, which pytest 9 no longer reads.)
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,10 +34,10 @@ os.environ.setdefault("REPLAB_DRIVER_MEMORY", "3g")
 
 
 #: Test files that read one session-scoped fixture, scheduled on one xdist worker so it is built once:
-#: `k2_mlflow_replay` (tests/pipelines/conftest.py) is a full replay with MLflow, about a minute on 2 busy cores.
+#: `k2_mlflow_replay` (below) is a full replay with MLflow, about a minute on 2 busy cores.
 SHARED_FIXTURE_FILES: dict[str, str] = {
-    path: "k2_mlflow_replay" for path in ("tests/pipelines/test_tracking.py", "tests/pipelines/test_compare.py",
-                                          "tests/pipelines/test_browser.py")
+    path: "k2_mlflow_replay" for path in ("tests/engine/test_tracking.py", "tests/report/test_compare.py",
+                                          "tests/report/test_browser.py")
 }
 
 
@@ -120,3 +122,44 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"{sum(per_file.values()):9.1f}s  total (summed over workers), "
                                 f"{time.monotonic() - _STARTED:.1f}s wall")
 
+
+# ------------------------------------------------------------------------------------------------ k2 with MLflow
+# A golden scenario replayed once with MLflow on, shared by the tracking, compare and browser tests.
+# Session-scoped rather than module-scoped: those files read the same store, and a replay through `run_replay`
+# (trace gate, replay, output gate, Delta writes, MLflow) takes minutes on a loaded 2-core machine. Tests that
+# change the store (re-runs) say so and only leave it in a state every other test accepts: one FINISHED run per
+# policy.
+K2 = SHARED_SCENARIOS / "k2-acks1-leader-crash"
+
+
+@dataclass
+class MlflowReplay:
+    trace: Path
+    expected: list[dict[str, Any]]  # tests/scenarios/<name>/expected.json: hand-derived, not program output
+    policies: list[Any]
+    report: Any  # engine.plan.ReplayReport
+    tracking_uri: str
+    store: Path
+    lakehouse: Path
+    experiment: str
+
+    def canonical(self, case: dict[str, Any]) -> str:
+        from replay.policies import parse_policy
+
+        return parse_policy(case["policy"]).canonical()
+
+
+@pytest.fixture(scope="session")
+def k2_mlflow_replay(spark, tmp_path_factory) -> MlflowReplay:
+    from engine.plan import ReplayRequest
+    from engine.replay import run_replay
+    from replay.policies import parse_policy
+    from report.figures import run_figures
+
+    root = tmp_path_factory.mktemp("k2-mlflow")
+    expected = json.loads((K2 / "expected.json").read_text())
+    policies = [parse_policy(case["policy"]) for case in expected]
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    report = run_replay(spark, ReplayRequest(trace=str(K2), policies=policies, lakehouse=str(root / "lakehouse"),
+                                             tracking_uri=uri, figures=run_figures))
+    return MlflowReplay(K2, expected, policies, report, uri, root, root / "lakehouse", report.experiment)

@@ -30,7 +30,7 @@ from expectations.output_gate import (
 )
 from schemas.errors import GateFailed
 from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord
-from tests.pipelines.synthetic import make_run, run_tables
+from tests.synthetic import make_run, run_tables
 
 pytestmark = pytest.mark.spark
 

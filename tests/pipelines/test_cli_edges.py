@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.cli import main
 from storage.lakehouse import Lakehouse
-from tests.pipelines.conftest import K2
+from tests.conftest import K2
 
 pytestmark = pytest.mark.spark
 

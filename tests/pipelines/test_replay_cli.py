@@ -64,7 +64,7 @@ def test_every_table_exists_with_its_documented_columns(replayed, spark):
 
     root, _, names, _ = replayed
     # The tables a replay writes (SPEC §4-5); the testbed's and the sweep's own tables are written, and read back,
-    # by their jobs' tests (tests/testbed, tests/pipelines/test_sweep_tables.py).
+    # by their jobs' tests (tests/testbed, tests/engine/test_sweep_tables.py).
     replay_tables = {n: s for n, s in TABLES.items() if not n.startswith(("testbed_", "sweep"))}
     assert len(replay_tables) == len(TABLES) - 4
     for name, spec in replay_tables.items():

@@ -21,7 +21,7 @@ from expectations.report import inside, safe_component
 from schemas.errors import ReplabError
 from schemas.tables import TABLES
 from storage.lakehouse import RUN_TABLES, Lakehouse, RunRecord, as_table, in_predicate
-from tests.pipelines.synthetic import make_run, run_tables
+from tests.synthetic import make_run, run_tables
 
 pytestmark = pytest.mark.spark
 
@@ -53,14 +53,14 @@ def record(run_id: str, seed: int) -> RunRecord:
 
 
 def write_run(lh: Lakehouse, spark, run_id: str, seed: int) -> None:
-    """What the writer process does, in this process (same data: tests/pipelines/synthetic.py main)."""
+    """What the writer process does, in this process (same data: tests/synthetic.py main)."""
     lh.publish_runs([record(run_id, seed)], run_tables(spark, make_run(run_id, seed)))
 
 
 def writer(root: Path, *run_args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # Own session (process group): kill -9 takes the Python driver and its JVM down together.
-    return subprocess.Popen([sys.executable, "-m", "tests.pipelines.synthetic", "--lakehouse", str(root),
+    return subprocess.Popen([sys.executable, "-m", "tests.synthetic", "--lakehouse", str(root),
                              *run_args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 

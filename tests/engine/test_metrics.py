@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from engine import metrics
 from engine.metrics import RunInfo
 from schemas.tables import SUMMARY_FIELDS, TABLES
-from tests.pipelines.synthetic import make_run
+from tests.synthetic import make_run
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 lakehouse, the metrics and the output gate independently of the replay core.
 
 Also runnable as a writer process for the kill and concurrency tests:
-`python -m tests.pipelines.synthetic --lakehouse DIR --run-id R --seed N` prints one line per step
+`python -m tests.synthetic --lakehouse DIR --run-id R --seed N` prints one line per step
 (`step <name>`) and flushes, so that a test can kill it at a chosen point.
 """
 

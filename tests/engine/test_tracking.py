@@ -1,6 +1,6 @@
 """MLflow tracking of a replay (SPEC §6.4), checked through MlflowClient and the MLflow server's REST API.
 
-The golden scenario k2-acks1-leader-crash is replayed once (tests/pipelines/conftest.py) through `run_replay`
+The golden scenario k2-acks1-leader-crash is replayed once (tests/conftest.py) through `run_replay`
 with a SQLite store in a temporary folder; expected figures come from its expected.json (hand-derived from
 SPEC §3.2), never from replab's own output. Real Spark, Delta and MLflow; no mocks.
 """
