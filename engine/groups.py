@@ -37,7 +37,7 @@ worker_imports.install()
 
 # Row types of the replay output (WINDOW: a run's message figures per partition and window; ACK_LATENCY and
 # VISIBILITY_LAG: the counts of each value of engine.metrics.HISTOGRAM_METRICS, in that order). Codes 5-7 are
-# stream mode's (engine.stream.groups), kept as they were before the histograms came.
+# stream mode's (engine.stream.plan); codes never change, so a stream checkpoint's rows keep their meaning.
 MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW = 0, 1, 2, 3, 4
 HISTOGRAM_ROW_TYPES = ACK_LATENCY, VISIBILITY_LAG = 8, 9
 FINAL_ROW_TYPES = (MESSAGE, STATE, UNAVAILABLE, UNIT, WINDOW, *HISTOGRAM_ROW_TYPES)  # what a unit's finish emits
@@ -77,8 +77,7 @@ MESSAGE_COLUMNS = ("policy_idx", "rtype", "unit", "msg_id", "key", "producer_id"
                    "error", "ack_us", "visible_us", "fate", "readable_at_end", "offset")
 #: OUTPUT_SCHEMA as the batch replay persists it: the other row types' 22 columns in one struct, `detail`, null in
 #: a message row. A message row of OUTPUT_SCHEMA is 22 nulls, each a field of its row in the JVM and an entry of
-#: the disk cache: 6 M message rows were cached in 7.2-7.6 s with them, 4.3-4.4 s with one null struct, 3.6-3.8 s
-#: with only the message columns (bench/HISTORY.md, fourth session).
+#: the disk cache; one null struct caches in little more time than the message columns alone.
 PERSISTED_OUTPUT_SCHEMA = pa.schema([
     *(OUTPUT_SCHEMA.field(c) for c in MESSAGE_COLUMNS),
     pa.field("detail", pa.struct([f for f in OUTPUT_SCHEMA if f.name not in MESSAGE_COLUMNS])),
@@ -137,7 +136,7 @@ _FROM_TRACE = EVENT_SCHEMA.names[:-2]
 #: What the route stage hands the replay tasks: one row per (class, unit) and input batch, its events (EVENT_SCHEMA)
 #: packed as one `bundle`. Spark then shuffles, sorts and converts a few rows per group instead of a
 #: row per event, and the replay task sorts each group's events itself (`sort_events`): the replay's two Python
-#: stages took 18-26 % less time than with a row per event (bench/HISTORY.md, fifth session).
+#: stages take about a fifth less time than with a row per event.
 BUNDLE_SCHEMA = pa.schema([("class_id", pa.int32()), ("unit", pa.int32()), ("events", pa.binary())])
 BUNDLE_DDL = ddl(BUNDLE_SCHEMA)
 #: The columns `bundle_batches` reads: the trace's (SPEC §2.1) with the kind as `schemas.trace.Kind`'s code and each

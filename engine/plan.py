@@ -147,7 +147,7 @@ def place_groups(classes: Sequence[RouteClass], tasks: int) -> dict[tuple[int, i
     lowest task. A group's expected work is its class's policies over its class's units (its share of the trace's
     messages, replayed once per policy). Spark starts a stage's tasks in index order, so with a task per group
     the heaviest start first and the last to run are the lightest; a hash of (class, unit) put two groups on some
-    tasks and none on others, and at 10 M events whole tasks then ran alone at the end (bench/HISTORY.md)."""
+    tasks and none on others, and on large traces whole tasks then ran alone at the end."""
     groups = sorted(((len(rc.members) / max(1, len(rc.units)), rc.index, u) for rc in classes for u in rc.units),
                     key=lambda g: (-g[0], g[1], g[2]))
     load = [0.0] * max(1, tasks)

@@ -49,9 +49,8 @@ def derive_tables(spark, results: ReplayResults, window_ms: int = 1000) -> dict[
 
     message_outcomes is read where it is made (the replay's persisted kernel output, or a stream's Parquet): it
     has four readers (run_summary, the output gate's screen and one invariant, the Delta write), each a scan of
-    that input and a projection, where caching it built a columnar copy of every outcome row first. At 1 M events
-    x 16 policies (13.8 M outcomes) the tail took 64.7 s without that copy and 118.2 s with it (its fill alone
-    39.5 s); in the demo (2.4 M outcomes) 46.5 s against 51.7-52.0 s (A/B in one session)."""
+    that input and a projection, where caching it built a columnar copy of every outcome row first, which took
+    longer than the four scans together."""
     info = metrics.run_info_df(spark, list(results.infos))
     tables = {
         "message_outcomes": results.outcomes.message_outcomes,

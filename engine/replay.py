@@ -98,11 +98,9 @@ def _kind_code():
 
 
 #: Message outcomes (messages × policies) a replay task holds at least before a replay uses more tasks than
-#: spark.sql.shuffle.partitions. In 4 tasks the last ran alone: all 16 presets at 10 M events kept 1.57 of 2 cores
-#: busy (632.8 s), and took 541.8 s (857.8 CPU-s, was 991.5) in one task per group (25). A task costs about 0.7
-#: CPU-s of its own (1 M events x 16 presets: 53.6 s, 100.9 CPU-s in 4 tasks; 60.4 s, 116.5 CPU-s in 25), small
-#: against replaying 4 M outcomes (about 26 CPU-s). The groups are placed by expected work (`place_groups`): hashed,
-#: 25 groups left some of 25 tasks empty and gave others two heavy groups (45 s tasks running alone at the end).
+#: spark.sql.shuffle.partitions. With few tasks the last one runs alone while the other cores idle; a task of its
+#: own costs under a CPU-second, small against replaying this many outcomes. The groups are placed by expected
+#: work (`place_groups`): hashed, they left some tasks empty and gave others two heavy groups.
 TASK_OUTCOMES = 4_000_000
 
 
@@ -322,11 +320,9 @@ def write_summary_json(request: ReplayRequest, report: ReplayReport) -> None:
 #: A replay of at most this many message outcomes (produced messages x policies) is small (`small_replay`): it
 #: runs on Spark's interpreted expressions (`storage.session.interpreted_expressions`), and `replab replay` starts
 #: its JVM with HotSpot's C1 compiler only (`storage.session.get_spark(short_lived=True)`). In a fresh JVM,
-#: compiling the ~380 classes Spark generates for a replay costs more than interpreting its rows: three messages,
-#: one policy, 52.6 and 51.3 s against 63.7 and 65.1 s (345 classes compiled against 45); 35 k outcomes (demo
-#: x0.06, 16 presets) 68.8 and 65.8 s against 75.5 and 68.9 s; 2.4 M (the demo) 125.0 s against 105.3 s
-#: (bench/HISTORY.md, 2026-11-28). C1 alone: three messages 37.4-41.3 s against 45.7-50.2 s, 314 k outcomes 54.6
-#: and 54.8 s against 61.5 and 72.4 s (bench/HISTORY.md, ninth session).
+#: compiling the ~380 classes Spark generates for a replay costs more than interpreting the rows of a small one,
+#: and C1 alone starts sooner than the tiered compilers; a large replay (the demo) is faster compiled (the
+#: benchmarks in bench/ give the figures).
 SMALL_REPLAY_OUTCOMES = 300_000
 
 

@@ -56,18 +56,17 @@ LOCATION = ("_file", "_row")
 FIRST_ROWS = runner.PARTIAL_ROWS
 #: A Parquet trace of at most this many events (2**20) has its rule columns computed on the driver: one
 #: `TraceRules` pass over one Arrow table, without the shuffle, the sort and the Python workers of the Spark tasks,
-#: which cost more than the rules below this size (README, Performance: the trace gate; 1 M events: 3.5-4 s
-#: against 7-9 s in a warm session). It costs the driver's Python about 250 bytes per event at its peak (0.27 GB
-#: more at 1 M events), so larger traces stay in Spark tasks, where the driver's memory does not bound them.
+#: which cost more than the rules below this size (about half the time at 1 M events). It costs the driver's
+#: Python about 250 bytes per event at its peak (0.27 GB more at 1 M events), so larger traces stay in Spark
+#: tasks, where the driver's memory does not bound them.
 LOCAL_ROWS = 1 << 20
 
 
 def short_lived_gate(trace: str | Path) -> bool:
     """Whether a process that runs the gate alone on `trace` (`replab validate`) may start its JVM on HotSpot's C1
     compiler only (`storage.session.get_spark(short_lived=True)`): a trace of at most LOCAL_ROWS events has its
-    rules computed on the driver and leaves the JVM a few small queries and commits, over before C2's code pays off
-    (three messages: 21.2-22.9 s and 24-27 CPU-s against 25.8-28.1 s and 38-43 CPU-s; 649 k events: 18.5-19.9 s
-    against 21.5-23.6 s; bench/HISTORY.md, eleventh session). Counted before Spark starts
+    rules computed on the driver and leaves the JVM a few small queries and commits, over before C2's code pays off.
+    Counted before Spark starts
     (`storage.trace_loader.rows_before_start`). A trace that cannot be read is not: the gate reports it."""
     from storage.trace_loader import rows_before_start
 

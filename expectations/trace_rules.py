@@ -102,9 +102,8 @@ class ChunkVerdict:
 class SeenIds:
     """The msg_ids seen so far, as sorted runs, each older run larger than the next (a binary counter of merges,
     a merge being linear: two sorted runs through timsort). A chunk of k ids costs about k log n, where
-    re-sorting everything seen for each chunk cost n log n per chunk, quadratic over a trace (740 s for the
-    9.5 M produce rows of a 10 M-event trace in Arrow batches of 65 536 rows,
-    bench/results/replay-profile-steady-state-10M-before-seen-ids.md)."""
+    re-sorting everything seen for each chunk cost n log n per chunk, quadratic over a trace (minutes for the
+    produce rows of a 10 M-event trace in Arrow batches of 65 536 rows)."""
 
     runs: list[np.ndarray] = field(default_factory=list)
 

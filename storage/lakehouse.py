@@ -276,8 +276,8 @@ class Lakehouse:
 
         On a table this object created and nobody has committed to since (`_still_empty`) there is nothing to
         replace: the rows are appended, held to the keys by a check of the same rule in the write's own tasks.
-        replaceWhere first reconstructs the table's version 0 (1-3 Spark jobs): a replay of three messages into a
-        new lakehouse ran 138 Spark jobs with it, 102 without (bench/HISTORY.md, 2026-11-27).
+        replaceWhere first reconstructs the table's version 0 (1-3 Spark jobs per table), about a quarter of a small
+        replay's Spark jobs into a new lakehouse.
         """
         from pyspark.sql import functions as F
 

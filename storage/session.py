@@ -60,17 +60,16 @@ def _running_on_cluster_session() -> bool:
 
 #: Spark keeps the classes it generates for projections and stages in a cache of 100 by default. A replay's
 #: tail, gates and MLflow views generate about 480 (each new query shape its own), so in a session that stays up
-#: (a notebook, the test suite, a sweep) every replay compiled them all again: 481 Janino compilations per
-#: three-message replay, 2.3-4.8 s of compilation and 27 % of the driver JVM's samples. Held, a later replay
-#: compiles none (bench/HISTORY.md, 2026-11-27). A generated class is a few kB; a static conf (session start).
+#: (a notebook, the test suite, a sweep) every replay compiled them all again, a quarter of the driver JVM's
+#: time in a small replay. Held, a later replay compiles none. A generated class is a few kB; a static conf
+#: (session start).
 _CODEGEN_CONF = {"spark.sql.codegen.cache.maxEntries": "4096"}
 
 
 #: HotSpot's tiered JIT stopped at its first compiler, C1, for a JVM that runs one small job and exits
 #: (`get_spark(short_lived=True)`; in local mode the executors share the driver's JVM). A fresh JVM replaying three
 #: messages spent a third of its CPU in C2 compiling Spark's, Delta's and Arrow's code for work that ends before
-#: C2's code pays off: 25 of its 77-85 CPU-seconds, 5 with C1 only, and 37.4-41.3 s of wall time against
-#: 45.7-50.2 s (bench/HISTORY.md, ninth session). A long replay's time is the JVM's hot loops (shuffle, sort,
+#: C2's code pays off. A long replay's time is the JVM's hot loops (shuffle, sort,
 #: Parquet), where C2's code wins: `engine.replay.short_lived_jvm` says when a replay is small enough.
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 

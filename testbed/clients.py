@@ -22,9 +22,8 @@ def idempotent(policy: KafkaPolicy) -> bool:
 #: request per connection at a time (it mutes the channel until the response is sent: KafkaChannel's
 #: MUTED_AND_RESPONSE_PENDING), and it answers an acks=all produce once the high watermark passes, so a second
 #: request in flight gains one loopback round trip. librdkafka 2.16's broker threads busy-poll while an idempotent
-#: producer has more than one request in flight: at 200 messages/s and a 1 s follower fetch that took 1.6 cores of
-#: this 2-core machine from the brokers being measured (the fast testbed case: 96 → 43-45 CPU-s in all, observed
-#: acks=all ack p50 8.6-8.7 → 5.1 s; bench/HISTORY.md). The acks=1 producer does not spin; it keeps the default.
+#: producer has more than one request in flight, taking CPU from the brokers being measured (and so slowing the
+#: acknowledgements observed). The acks=1 producer does not spin; it keeps the default.
 IDEMPOTENT_IN_FLIGHT = 1
 
 
@@ -64,8 +63,8 @@ def warm_up(producer: ResilientProducer, topic: str, partitions: int, timeout_s:
     ready yet) while its second is appended: the broker accepts any first sequence from a producer it has no
     state for (`ProducerAppendInfo.checkSequence`: "accept writes with any sequence number"), the retried first
     batch is then out of order, and librdkafka reported it delivered without an offset although no broker had
-    it: an acknowledged write the verifying consumer never reads, that no fault caused (seen in
-    `testbed-leader-crash`: a partition's first message reported without an offset, its second at offset 0).
+    it: an acknowledged write the verifying consumer never reads, that no fault caused (a partition's first
+    message reported without an offset, its second at offset 0).
     One acknowledged record per partition first gives every partition the producer's state in order.
     """
     reports: dict[int, Any] = {}

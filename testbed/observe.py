@@ -265,8 +265,8 @@ class TransitionWatcher(threading.Thread):
 
 #: After a crash or an isolation, how long apart the followers' log ends are read until two reads agree, and for
 #: how long at most. A fetch response the leader sent before the fault may still be on its way or being appended
-#: when the first read comes (a CI run read 5 records short of what the successor held); the followers cannot fetch
-#: anything newer from a dead or cut-off leader, and no successor is elected this soon (9 s here).
+#: when the first read comes (the first read can be records short of what the successor holds); the followers
+#: cannot fetch anything newer from a dead or cut-off leader, and no successor is elected this soon (9 s here).
 SETTLE_MS, SETTLE_MAX_MS = 100, 1000
 
 

@@ -41,7 +41,7 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
     LEO − 1 µs (`_instant`), capped at the sample. Its LogAppendTime (ms) says which record held offset LEO at
     the sample (offsets are reused after a truncation): the latest appended by then, else the next one to come.
     The append time alone trails the send by the request's trip, so a record the follower lacked could read as
-    held (a CI run predicted no acked loss under acks=1 where the cluster lost the one record a late fetch left).
+    held (a prediction of no acked loss under acks=1 where the cluster lost the one record a late fetch left).
     The broker's upto_us is the minimum over the partitions it follows (of every topic: a follower fetches all
     of them from a leader in one request, so they share a position in time). Records truncated later are known
     from the producers' delivery reports (offset and append time), the others from the verifying consumer.
