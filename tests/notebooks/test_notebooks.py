@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from schemas.units import S
+
 pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,7 +209,6 @@ def test_dledger_vs_kafka_notebook_runs_from_the_dist_zip(tmp_path):
     notebook.write_text((NOTEBOOKS / "03_dledger_vs_kafka.py").read_text())
     probe = f"""
 import runpy, sys
-from schemas.units import S
 sys.path = [p for p in sys.path if p not in ("", {str(REPO)!r})]
 sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "").lower()
                  and "editable" not in type(f).__name__.lower() and "editable" not in str(f).lower()]
