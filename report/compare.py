@@ -14,6 +14,7 @@ folder (default `reports/<experiment>`):
 
 prints the table in the terminal, and logs the folder as artifacts of a separate `replab.kind=comparison` run
 of the experiment, so that policy runs stay one per policy. An unknown experiment is bad input (exit 2).
+What the page says (results, verdicts, findings) is computed in `report.findings`; this module renders it.
 """
 
 from __future__ import annotations
