@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.groups import RouteClass
-    from replay.families import Layout
+    from replay.family import Layout
     from replay.policies import Policy
     from storage.report_data import RunViews
 

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from replay.events import PartitionEvents, hosted_rows, split_trace_table
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from replay.policies import Policy
 from replay.results import PartitionResult
 from schemas.trace import CONTROL_KINDS, Manifest

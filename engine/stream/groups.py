@@ -60,7 +60,8 @@ from engine.groups import (
     split_by,
 )
 from replay.events import PartitionEvents
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from replay.stream import reads_fault_timeline, routing_horizon_us
 from schemas.trace import KIND_LABELS, Kind
 

@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from replay.policies import KafkaPolicy, parse_policy
 from schemas.trace import EVENT_ARROW_SCHEMA, Manifest
-
-MS = 1000
+from schemas.units import MS
 
 
 @st.composite

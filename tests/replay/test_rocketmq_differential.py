@@ -17,7 +17,7 @@ from replay.events import split_trace_table
 from replay.families import family_of
 from replay.local import control_events, replay_local
 from replay.results import coalesce_states
-from replay.rocketmq_control import key_of
+from replay.rocketmq.control import key_of
 from schemas.outcomes import FATE_LABELS, Error, Status
 from schemas.trace import Kind
 
@@ -266,7 +266,7 @@ def test_offline_group_reelection_waits_for_the_route_poll():
 def test_master_restarted_while_isolated_is_no_zombie():
     """Found by the slow suite (2026-11-24, minimized to one broker): the kernel stopped on its own invariant (an
     epoch's leader appends contiguously) because the engines made a master that restarted while isolated a zombie,
-    appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq_control`): such a master
+    appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq.control`): such a master
     serves nothing until its new incarnation registers, so it is no zombie either. Controller mode, one group {0},
     no slaves, controller_scan_ms=300 (scans at 2000 ms + k·300 ms), heartbeat timeout 10 s. Messages 1 and 2 are
     acked and visible at 400 ms (async flush, in_sync_replicas=1) and lost with the disk at 6.4 s. The controller
@@ -342,8 +342,8 @@ def test_quiet_sync_state_set_checks_end_no_segment_and_a_silent_slave_still_lea
     allAckInSyncStateSet the confirm offset moves again there, and both engines agree on every outcome, timeline row
     and unavailability. After 38 s slave 2, outside the set but up, could rejoin with its old catch-up time: the
     checks at 43-58 s run."""
-    from replay.kernels.rocketmq_controller import ControllerReplay
     from replay.policies import parse_policy
+    from replay.rocketmq.kernels.controller import ControllerReplay
     from schemas.trace import Broker, Manifest
 
     policy = parse_policy("rocketmq-controller:all_ack_in_sync_state_set=true,min_insync_replicas=2,"
