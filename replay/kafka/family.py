@@ -52,5 +52,5 @@ class KafkaFamily:
         return KafkaPartitionReplay(policy, unit, replicas, duration_us)
 
 
-#: The family's one instance, by name (what `replay/families.py` lists).
-FAMILIES: tuple[KafkaFamily, ...] = (KafkaFamily(),)
+#: The family's replay interface (what `replay/families.py` lists).
+INTERFACES: tuple[KafkaFamily, ...] = (KafkaFamily(),)

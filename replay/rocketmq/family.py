@@ -119,5 +119,5 @@ class RocketMQControllerFamily(RocketMQGroupFamily):
     name = "rocketmq-controller"
 
 
-#: The three families' instances, by name (what `replay/families.py` lists).
-FAMILIES: tuple[RocketMQGroupFamily, ...] = (RocketMQFamily(), DLedgerFamily(), RocketMQControllerFamily())
+#: The three families' replay interfaces (what `replay/families.py` lists).
+INTERFACES: tuple[RocketMQGroupFamily, ...] = (RocketMQFamily(), DLedgerFamily(), RocketMQControllerFamily())

@@ -138,7 +138,7 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
     with byte `fill`, and how many compactions ran."""
     from replay.local import replay_local
     from replay.policies import parse_policy
-    from replay.shared.kernels import arrays as _arrays
+    from replay.shared.kernels import arrays
     from report.dledger_vs_kafka import load_trace
 
     def grown(buf, n, capacity):
@@ -147,7 +147,7 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
         new[:n] = buf[:n]
         return new
 
-    monkeypatch.setattr(_arrays, "_grown", grown)
+    monkeypatch.setattr(arrays, "_grown", grown)
     keeps = _count_compactions(monkeypatch)
     manifest, table = load_trace(trace, 1, scale)
     results = replay_local(parse_policy(policy), manifest, table)
@@ -236,7 +236,7 @@ def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     """The kernels hand settled messages over to their records and compact the rest in place as they go
     (`records.hand_over`); replaying with every message kept pending to the end must give the same results, and
     some compactions must have kept rows (so moved rows are compared, not only handed-over ones)."""
-    from replay.kafka.kernels import stretch as kafka_stretch
+    from replay.kafka.kernels import stretch
     from replay.kafka.kernels.outputs import KafkaOutputs
     from replay.local import replay_local
     from replay.policies import parse_policy
@@ -249,7 +249,7 @@ def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     assert sum(k > 0 for k in kept) >= 2
     for family in (KafkaOutputs, GroupMessages):
         monkeypatch.setattr(family, "_compact", lambda self: None)
-    monkeypatch.setattr(kafka_stretch, "COMPACT_AT", 2**62)
+    monkeypatch.setattr(stretch, "COMPACT_AT", 2**62)
     whole = replay_local(parse_policy(policy), manifest, table)
     assert _everything(compacted) == _everything(whole)
 

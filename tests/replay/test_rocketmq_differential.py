@@ -237,7 +237,7 @@ def test_pinned_regressions(policy, brokers, duration_us, events):
 
 
 def test_offline_group_reelection_waits_for_the_route_poll():
-    """Found by a derandomized run (2026-11-22), when the engines ended the second unavailability interval 1 ms
+    """Found by a derandomized run, when the engines ended the second unavailability interval 1 ms
     apart (101 vs 102 ms: client_failover_ms after the 1 ms or the 2 ms election); decided by SPEC §3.7 R-1.
     Controller mode, route_refresh_ms=700: both brokers crash at 0 (no master: unavailable from 0). Broker 0
     restarts at 1 ms, registers and is elected at once; it is the master clients know from the initial route
@@ -264,7 +264,7 @@ def test_offline_group_reelection_waits_for_the_route_poll():
 
 
 def test_master_restarted_while_isolated_is_no_zombie():
-    """Found by the slow suite (2026-11-24, minimized to one broker): the kernel stopped on its own invariant (an
+    """Found by the slow suite (minimized to one broker): the kernel stopped on its own invariant (an
     epoch's leader appends contiguously) because the engines made a master that restarted while isolated a zombie,
     appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq.control`): such a master
     serves nothing until its new incarnation registers, so it is no zombie either. Controller mode, one group {0},
@@ -299,7 +299,7 @@ def test_master_restarted_while_isolated_is_no_zombie():
 
 
 def test_isolated_one_member_dledger_group_commits_alone():
-    """Found by the slow suite (2026-11-24, minimized): the engines disagreed (ack at the heal vs
+    """Found by the slow suite (minimized): the engines disagreed (ack at the heal vs
     in_sync_replicas_not_enough) on sends to an isolated DLedger leader of a one-member group; decided by SPEC §3.7
     R-4. group_size=1, two brokers: groups {0} and {1}, one queue each. Broker 0 crashes at 0, so messages 1, 3, 5
     (round-robin to group 0, no retry) fail with no_route. Broker 1 is isolated at 1 ms: `isolate` only cuts it

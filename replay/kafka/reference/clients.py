@@ -9,7 +9,7 @@ from schemas.outcomes import Error, Status
 from schemas.units import MS
 
 
-class ReferenceClients:
+class KafkaReferenceClients:
     """Part of `replay.kafka.reference.interpreter.KafkaReference`, which holds the state these methods use."""
 
     # --------------------------------------------------------------------------------- clients (§3.1)

@@ -6,7 +6,7 @@ from replay.kafka.reference.state import FENCE, Replica, Zombie
 from schemas.trace import Kind
 
 
-class ReferenceControl:
+class KafkaReferenceControl:
     """Part of `replay.kafka.reference.interpreter.KafkaReference`, which holds the state these methods use."""
 
     # ------------------------------------------------------------------------------ faults (rules 6, 8-11)

@@ -7,7 +7,6 @@ The class is split by concern: faults, fencing and elections in `control.py`, cl
 `state.py`; replication and the event loop are here.
 
 Modelling choices where SPEC §3.2 leaves room (the README's "Modelling choices" points here):
-- (v1 made an isolated broker unelectable before its fencing; SPEC §3.7 K-3 replaces that, see `_electable`.)
 - The leader's view of a follower's log end (`fetched`) only changes when the follower fetches or truncates,
   so a follower's power loss does not pull the high watermark back. The high watermark never decreases within
   a leader epoch; a new leader starts from min(log end) over the ISR.
@@ -44,9 +43,9 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from replay.events import PartitionEvents
-from replay.kafka.reference.clients import ReferenceClients
-from replay.kafka.reference.control import ReferenceControl
-from replay.kafka.reference.outputs import ReferenceOutputs
+from replay.kafka.reference.clients import KafkaReferenceClients
+from replay.kafka.reference.control import KafkaReferenceControl
+from replay.kafka.reference.outputs import KafkaReferenceOutputs
 from replay.kafka.reference.state import ISR_CHECK, RETRY, Msg, Replica, Zombie
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, FlushMode, KafkaPolicy
 from replay.results import PartitionResult, StateRow
@@ -55,7 +54,7 @@ from schemas.trace import Kind
 from schemas.units import MS
 
 
-class KafkaReference(ReferenceControl, ReferenceClients, ReferenceOutputs):
+class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenceOutputs):
     """Replays one partition of a trace under a `kafka` policy."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int) -> None:

@@ -13,7 +13,7 @@ from replay.shared.reference.records import epoch_runs, message_records, unavail
 from schemas.units import MS
 
 
-class ReferenceOutputs:
+class KafkaReferenceOutputs:
     """Part of `replay.kafka.reference.interpreter.KafkaReference`, which holds the state these methods use."""
 
     # ------------------------------------------------------------------------------ per-instant records
