@@ -34,7 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from replay.events import split_trace_table
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from replay.local import control_events, msg_rank, unit_events
 from replay.policies import parse_policy, presets
 from schemas.errors import BadInput

@@ -4,8 +4,8 @@
 broker, packing each (class, unit)'s events of an input batch into one row (`bundle`: an LZ4 Arrow IPC stream).
 `run_groups` receives a Spark partition's bundles sorted by (class, unit), sorts each group's events into SPEC
 §2.2's order and replays them in chunks, feeding each chunk to one chunked kernel per policy of the class
-(`replay/kernels/`): memory holds one group's events and the kernels' carried state. Outputs are one Arrow schema
-with a row type.
+(`replay/<family>/kernels/`): memory holds one group's events and the kernels' carried state. Outputs are one
+Arrow schema with a row type.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from engine.metrics import (
     message_windows,
 )
 from replay.events import PartitionEvents, hosted_rows
-from replay.families import Layout, RouteInput, family_of
+from replay.families import family_of
+from replay.family import Layout, RouteInput
 from replay.policies import Policy
 from schemas.outcomes import NULL_US
 from schemas.trace import Kind

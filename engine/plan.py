@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from engine.groups import RouteClass
-    from replay.families import Layout
+    from replay.family import Layout
     from replay.policies import Policy
     from storage.report_data import RunViews
 

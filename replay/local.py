@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from replay.events import PartitionEvents, hosted_rows, split_trace_table
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from replay.policies import Policy
 from replay.results import PartitionResult
 from schemas.trace import CONTROL_KINDS, Manifest
@@ -45,8 +46,8 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
     for u in layout.units:
         sel = routed.unit == u
         payload = {"part": routed.partition[sel].astype(np.int64), "delay": delay[sel].astype(np.int64)}
-        # the unit's replicas' broker events, as the Spark job sends them (mapping and merging every broker event of
-        # the trace again in each unit was 19 % of a fault trace's Kafka kernel time, bench/HISTORY.md)
+        # the unit's replicas' broker events only, as the Spark job sends them: merging every broker event of the
+        # trace again in each unit costs a large share of a fault trace's kernel time (see bench/)
         hosted = hosted_rows(broker_events.broker_id, layout.replicas[u])
         out[u] = PartitionEvents(produce["ts_us"][sel], produce["msg_id"][sel], produce["size_bytes"][sel],
                                  broker_events.broker_ts[hosted], broker_events.broker_kind[hosted],

@@ -5,7 +5,7 @@ timeline is then the events seen so far, and routing is exact). How far past a s
 of the family's routing rules, so it lives here, next to them:
 
 - Kafka (SPEC §3.2 rule 1): keyed by murmur2, unkeyed by msg_id order; no fault is read.
-- RocketMQ classic and controller mode (SPEC §3.3 rules 1-3, §3.5, `replay/rocketmq_control.py` C4, C7, C8):
+- RocketMQ classic and controller mode (SPEC §3.3 rules 1-3, §3.5, `replay/rocketmq/control.py` C4, C7, C8):
   the route of a send at t is the NameServer state at the last poll before t, or at t itself (C8), and every
   failover attempt happens at t: nothing after the instant t is read.
 - DLedger (SPEC §3.4 rules 1-2, C2, C5): an attempt at a group that cannot reach a majority during
@@ -17,8 +17,7 @@ of the family's routing rules, so it lives here, next to them:
 from __future__ import annotations
 
 from replay.policies import DLedgerPolicy, KafkaPolicy, Policy
-
-MS = 1000
+from schemas.units import MS
 
 
 def reads_fault_timeline(policy: Policy) -> bool:

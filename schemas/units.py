@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MS", "S", "US"]
+__all__ = ["MS", "US", "S"]
 
 #: One microsecond, the trace's clock tick.
 US: int = 1

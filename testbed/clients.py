@@ -46,8 +46,8 @@ def producer_config(policy: KafkaPolicy, bootstrap: str) -> dict[str, Any]:
 
 
 def partitions_of(policy: KafkaPolicy, table: pa.Table) -> np.ndarray:
+    from replay.kafka.routing import kafka_route
     from replay.local import msg_rank
-    from replay.routing import kafka_route
 
     return kafka_route(table["key"].combine_chunks(), msg_rank(table["msg_id"].to_numpy()), policy.partitions)
 

@@ -214,3 +214,23 @@ def test_replay_classes_stay_short_and_dispatch_through_tables(tmp_path):
                                               "    getattr(self, f'_on_{what}')()\n    getattr(self, what)\n")
     assert long_classes(tmp_path) == [("replay.x", "Big", MAX_CLASS_LINES + 1)]
     assert name_dispatches(tmp_path) == [("replay.x", MAX_CLASS_LINES + 3), ("replay.x", MAX_CLASS_LINES + 4)]
+
+
+#: Issue 53: the replay wing by family. Each family package holds the same rooms, so the two read alike.
+FAMILY_ROOMS = ("family.py", "routing.py", "reference/interpreter.py", "kernels/kernel.py")
+FAMILY_PACKAGES = ("kafka", "rocketmq")
+
+
+def test_each_replay_family_has_the_same_rooms_and_is_listed_explicitly():
+    replay = REPO / "replay"
+    for family in FAMILY_PACKAGES:
+        missing = [room for room in FAMILY_ROOMS if not (replay / family / room).is_file()]
+        assert missing == [], f"replay/{family}/ lacks {missing}"
+    # family code lives in its package, not at replay/'s root
+    assert [f.name for f in replay.glob("*.py") if f.stem.startswith(FAMILY_PACKAGES)] == []
+    # families are imported where they are listed, never found by an import hook
+    _, edges = graph()
+    listed = {e.target for e in edges if e.source == "replay.families"}
+    assert {f"replay.{family}.family" for family in FAMILY_PACKAGES} <= listed
+    hooks = [f for f in replay.rglob("*.py") if "importlib" in f.read_text()]
+    assert hooks == []

@@ -32,7 +32,8 @@ from engine.stream.plan import (
     StreamPlan,
 )
 from replay.events import PartitionEvents
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from schemas.trace import KIND_LABELS
 
 

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 from engine.groups import UnitReplay, sort_events
 from engine.stream.plan import BUFFER_SCHEMA, EVENT_COLUMNS, PRODUCE, REPLICATE, StreamPlan
 from replay.events import PartitionEvents
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 
 
 def _concat(a: pa.Table | None, b: pa.Table | None) -> pa.Table | None:

@@ -10,7 +10,7 @@ range of seeds, and for each seed its task
    `expectations.trace_gate` on Arrow): quarantined rows leave the replay as in `replab replay`; a seed with a
    fatal row is not replayed and comes back with status `fatal` and its rule counts (reported, not dropped);
 3. routes each chunk per route class and advances one chunked kernel per (policy, replay unit)
-   (`replay/kernels/`, as `engine/groups.py` does after its shuffle), so a task holds one chunk and
+   (`replay/<family>/kernels/`, as `engine/groups.py` does after its shuffle), so a task holds one chunk and
    the kernels' state, never a whole trace;
 4. returns one row per policy: every run_summary field (SPEC §4.4, the definitions of `engine.metrics`
    computed with numpy over the kernels' message records), the gate's counts and, if asked, the per-window
@@ -120,7 +120,8 @@ def control_of(plan):
 def feed_chunk(table: pa.Table, until_us: int, classes: list[list[_Run]], manifest, control) -> None:
     """Route one chunk's events and advance every kernel to `until_us` (all events are before it)."""
     from replay.events import PartitionEvents, hosted_rows
-    from replay.families import RouteInput, family_of
+    from replay.families import family_of
+    from replay.family import RouteInput
     from schemas.trace import Kind, kind_codes
 
     kind = kind_codes(table.column("kind"))

@@ -203,7 +203,8 @@ def test_bundles_hold_each_message_in_its_routed_unit_and_each_broker_event_in_e
     from engine.groups import EVENT_SCHEMA, ROUTE_INPUT_COLUMNS, ReplayPlan, bundle_batches, unbundle
     from engine.plan import route_classes
     from engine.replay import control_timeline
-    from replay.families import RouteInput, family_of
+    from replay.families import family_of
+    from replay.family import RouteInput
     from schemas.trace import Kind, kind_codes
 
     manifest, events_df = read_events_spark(spark, generated_trace)
@@ -315,7 +316,7 @@ def test_a_large_replay_spreads_its_groups_over_more_tasks_than_shuffle_partitio
 def _classes(shape: list[tuple[int, int]]):
     """RouteClass per (policies, units), with real Layouts."""
     from engine.groups import RouteClass
-    from replay.families import Layout
+    from replay.family import Layout
 
     out = []
     for c, (policies, units) in enumerate(shape):

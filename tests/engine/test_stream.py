@@ -227,7 +227,8 @@ def test_routing_in_state_reads_faults_only_up_to_the_horizon(chaos):
     """What replay/stream.py promises: a message routed with the faults up to send + horizon is routed as with all
     of them (so routing on the faults seen so far is exact once the watermark passes send + horizon)."""
     from replay.events import split_trace_table
-    from replay.families import RouteInput, family_of
+    from replay.families import family_of
+    from replay.family import RouteInput
     from replay.local import control_events, msg_rank
     from replay.stream import routing_horizon_us
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from replay.kernels._arrays import Table
+from replay.shared.kernels.arrays import Table
 
 
 def test_tables_built_from_one_column_spec_do_not_share_added_columns():
@@ -23,7 +23,7 @@ def test_a_pickled_table_keeps_its_rows_not_its_capacity():
     """Stream mode pickles its groups' kernels, whose tables reserve room ahead (unset slots)."""
     import pickle
 
-    from replay.kernels._arrays import reserve_rows
+    from replay.shared.kernels.arrays import reserve_rows
 
     table = Table({"msg": np.int64, "state": np.int8})
     table.append(msg=np.arange(5), state=np.arange(5, dtype=np.int8))
@@ -38,7 +38,7 @@ def test_a_pickled_table_keeps_its_rows_not_its_capacity():
 
 def test_compiled_helpers_agree_with_their_numpy_definitions():
     """The numba helpers the kernels use in place of numpy expressions compute exactly those expressions."""
-    from replay.kernels._arrays import forward_fill, kth_largest_columns, member_index, merge_order
+    from replay.shared.kernels.arrays import forward_fill, kth_largest_columns, member_index, merge_order
 
     rng = np.random.default_rng(0)
     for m in range(1, 7):
@@ -60,8 +60,8 @@ def test_compiled_helpers_agree_with_their_numpy_definitions():
 
 
 def test_hand_over_moves_settled_rows_keeps_the_rest_in_order_and_the_columns_capacity():
-    from replay.kernels._arrays import reserve_rows
-    from replay.kernels._records import all_records, hand_over_settled, record_table
+    from replay.shared.kernels.arrays import reserve_rows
+    from replay.shared.kernels.records import all_records, hand_over_settled, record_table
 
     pend = Table({"msg": np.int64, "prod": np.int64, "state": np.int8, "err": np.int8, "ack": np.int64,
                   "vis": np.int64, "pe": np.int64, "po": np.int64, "key": np.int64})
@@ -107,11 +107,11 @@ def test_records_sorted_by_msg_id_whether_or_not_they_arrive_sorted():
 
 
 def test_compiled_judge_agrees_with_the_results_judge():
-    """The kernels judge fates in one compiled pass (`replay.kernels._judge`); `replay.results.judge` (which the
+    """The kernels judge fates in one compiled pass (`replay.shared.kernels.judge`); `replay.results.judge` (which the
     reference interpreter uses) is the definition."""
-    from replay.kernels._judge import judge
     from replay.results import FinalView, MessageRecords
     from replay.results import judge as judge_numpy
+    from replay.shared.kernels.judge import judge
 
     rng = np.random.default_rng(1)
 
@@ -136,9 +136,9 @@ def test_compiled_judge_agrees_with_the_results_judge():
 def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy: str) -> tuple[list, int]:
     """The kernels' results on a library trace when the slots a buffer grows by (unset in production) are filled
     with byte `fill`, and how many compactions ran."""
-    from replay.kernels import _arrays
     from replay.local import replay_local
     from replay.policies import parse_policy
+    from replay.shared.kernels import arrays
     from studies.dledger_vs_kafka import load_trace
 
     def grown(buf, n, capacity):
@@ -147,7 +147,7 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
         new[:n] = buf[:n]
         return new
 
-    monkeypatch.setattr(_arrays, "_grown", grown)
+    monkeypatch.setattr(arrays, "_grown", grown)
     keeps = _count_compactions(monkeypatch)
     manifest, table = load_trace(trace, 1, scale)
     results = replay_local(parse_policy(policy), manifest, table)
@@ -157,9 +157,9 @@ def _replay_with_growth(monkeypatch, fill: int, trace: str, scale: float, policy
 
 def _count_compactions(monkeypatch) -> list[int]:
     """The rows each compaction of a kernel's pending table keeps (`_compact`, which hands the settled messages
-    over to the records, `_records.hand_over`), as the kernels run."""
-    from replay.kernels.kafka_outputs import KafkaOutputs
-    from replay.kernels.rocketmq_messages import GroupMessages
+    over to the records, `records.hand_over`), as the kernels run."""
+    from replay.kafka.kernels.outputs import KafkaOutputs
+    from replay.rocketmq.kernels.messages import GroupMessages
 
     kept: list[int] = []
     for family in (KafkaOutputs, GroupMessages):
@@ -193,7 +193,7 @@ def _everything(results) -> list:
     ("rack-power-loss", 0.3, "rocketmq-controller"),
 ])
 def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatch, trace, scale, policy):
-    """The growable buffers leave new slots unset (`_arrays._grown`: np.empty, no zero-fill). That is only
+    """The growable buffers leave new slots unset (`arrays._grown`: np.empty, no zero-fill). That is only
     correct if every row a kernel appends is written in every column and nothing reads past a buffer's count:
     the same replay with those slots filled with zero bytes and with 0x5A bytes must give the same results.
     (Before ca7ea71 the Kafka loop left a new row's `err` unwritten; this test fails on that.)"""
@@ -206,10 +206,10 @@ def test_no_kernel_reads_a_slot_its_buffers_grew_by_before_writing_it(monkeypatc
 
 def test_joined_intervals_are_what_merge_intervals_makes_of_them():
     """The kernels join touching unavailability intervals as they close instants: the compiled loops one interval
-    at a time (`_arrays.add_interval`), RocketMQ's vectorized segments per segment (`_arrays.joined_intervals`);
+    at a time (`arrays.add_interval`), RocketMQ's vectorized segments per segment (`arrays.joined_intervals`);
     `replay.results.merge_intervals` is the definition."""
-    from replay.kernels._arrays import add_interval, joined_intervals
     from replay.results import merge_intervals
+    from replay.shared.kernels.arrays import add_interval, joined_intervals
 
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -234,13 +234,13 @@ def test_joined_intervals_are_what_merge_intervals_makes_of_them():
 ])
 def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     """The kernels hand settled messages over to their records and compact the rest in place as they go
-    (`_records.hand_over`); replaying with every message kept pending to the end must give the same results, and
+    (`records.hand_over`); replaying with every message kept pending to the end must give the same results, and
     some compactions must have kept rows (so moved rows are compared, not only handed-over ones)."""
-    from replay.kernels import kafka_stretch
-    from replay.kernels.kafka_outputs import KafkaOutputs
-    from replay.kernels.rocketmq_messages import GroupMessages
+    from replay.kafka.kernels import stretch
+    from replay.kafka.kernels.outputs import KafkaOutputs
     from replay.local import replay_local
     from replay.policies import parse_policy
+    from replay.rocketmq.kernels.messages import GroupMessages
     from studies.dledger_vs_kafka import load_trace
 
     manifest, table = load_trace(trace, 1, scale)
@@ -249,18 +249,18 @@ def test_compaction_changes_no_result(monkeypatch, trace, scale, policy):
     assert sum(k > 0 for k in kept) >= 2
     for family in (KafkaOutputs, GroupMessages):
         monkeypatch.setattr(family, "_compact", lambda self: None)
-    monkeypatch.setattr(kafka_stretch, "COMPACT_AT", 2**62)
+    monkeypatch.setattr(stretch, "COMPACT_AT", 2**62)
     whole = replay_local(parse_policy(policy), manifest, table)
     assert _everything(compacted) == _everything(whole)
 
 
 def test_the_compiled_cache_changes_with_any_source_a_compiled_function_holds(tmp_path):
     """numba keeps a cached function while its own file is unchanged: a change to an inlined helper (here
-    `_arrays.timeline_row`) or to a constant read from another module must move the cache elsewhere."""
+    `arrays.timeline_row`) or to a constant read from another module must move the cache elsewhere."""
     import shutil
     from pathlib import Path
 
-    from replay.kernels._arrays import COMPILED_SOURCES, sources_digest
+    from replay.shared.kernels.arrays import COMPILED_SOURCES, sources_digest
 
     repo = Path(__file__).resolve().parents[2]
     for pattern in COMPILED_SOURCES:
@@ -269,7 +269,7 @@ def test_the_compiled_cache_changes_with_any_source_a_compiled_function_holds(tm
             shutil.copy(f, tmp_path / f.relative_to(repo))
     before = sources_digest(tmp_path)
     assert before == sources_digest(repo)
-    for changed in ("replay/kernels/_arrays.py", "schemas/outcomes.py"):
+    for changed in ("replay/shared/kernels/arrays.py", "schemas/outcomes.py"):
         path = tmp_path / changed
         text = path.read_text()
         path.write_text(text + "\n# changed\n")

@@ -145,8 +145,8 @@ _RETRY_POLICY = ("kafka:partitions=1,client_failover_ms=0,delivery_timeout_ms=20
                  "retry_backoff_max_ms=700")
 PINNED = [
     # A NotEnoughReplicas retry refused again while the ISR is short must stay on its retry grid (rule 3) when
-    # the ISR re-expands (rule 7) inside the same steady segment. (The kernel used to drop it: m2 failed
-    # `no_leader`, fate absent, while broker 0 led with a full ISR.)
+    # the ISR re-expands (rule 7) inside the same steady segment (dropping it would fail m2 with `no_leader`, fate
+    # absent, while broker 0 leads with a full ISR).
     #   2.9 s m1 appended at offset 0, HW 0.  3.0 s tick: follower 1 not caught up since 0 (> 2 s) and behind:
     #   ISR {0}, HW frozen (|ISR| < 2).  3.3 s m2 refused (rule 3), retries on 4.0, 4.7, ...  3.5 s report
     #   upto 0: log end 0 >= HW 0, follower 1 rejoins (rule 7) but is still last caught up at 0 (rule 5: m1

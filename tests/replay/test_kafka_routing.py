@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.routing import kafka_route, murmur2
+from replay.kafka.routing import kafka_route, murmur2
 
 
 def murmur2_scalar(data: bytes) -> int:

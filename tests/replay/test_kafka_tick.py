@@ -1,9 +1,9 @@
-"""The compiled loop's test for an ISR check tick that changes nothing (`kafka_steady.tick_idle`): it may say no
+"""The compiled loop's test for an ISR check tick that changes nothing (`steady.tick_idle`): it may say no
 when unsure (the tick then runs in Python), never yes when the tick would change something."""
 
 import numpy as np
 
-from replay.kernels.kafka_steady import AckCode, MsgState, tick_idle
+from replay.kafka.kernels.steady import AckCode, MsgState, tick_idle
 
 T, LAG = 30_000_000, 10_000_000
 

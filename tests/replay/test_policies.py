@@ -63,3 +63,12 @@ def test_run_id_is_deterministic_and_distinct():
     a, b = parse_policy("kafka:acks=1"), parse_policy("kafka")
     assert run_id("t", a, "1") == run_id("t", parse_policy("kafka-acks1"), "1")
     assert len({run_id("t", a, "1"), run_id("t", b, "1"), run_id("u", a, "1"), run_id("t", a, "2")}) == 4
+
+
+def test_every_policy_family_has_a_replay_interface():
+    from replay.families import INTERFACES, family_of
+    from replay.policies import FAMILIES
+
+    assert set(INTERFACES) == set(FAMILIES)
+    for name, cls in FAMILIES.items():
+        assert family_of(cls()).name == name

@@ -17,7 +17,7 @@ from replay.events import split_trace_table
 from replay.families import family_of
 from replay.local import control_events, replay_local
 from replay.results import coalesce_states
-from replay.rocketmq_control import key_of
+from replay.rocketmq.control import key_of
 from schemas.outcomes import FATE_LABELS, Error, Status
 from schemas.trace import Kind
 
@@ -237,7 +237,7 @@ def test_pinned_regressions(policy, brokers, duration_us, events):
 
 
 def test_offline_group_reelection_waits_for_the_route_poll():
-    """Found by a derandomized run (2026-11-22), when the engines ended the second unavailability interval 1 ms
+    """Found by a derandomized run, when the engines ended the second unavailability interval 1 ms
     apart (101 vs 102 ms: client_failover_ms after the 1 ms or the 2 ms election); decided by SPEC §3.7 R-1.
     Controller mode, route_refresh_ms=700: both brokers crash at 0 (no master: unavailable from 0). Broker 0
     restarts at 1 ms, registers and is elected at once; it is the master clients know from the initial route
@@ -264,9 +264,9 @@ def test_offline_group_reelection_waits_for_the_route_poll():
 
 
 def test_master_restarted_while_isolated_is_no_zombie():
-    """Found by the slow suite (2026-11-24, minimized to one broker): the kernel stopped on its own invariant (an
+    """Found by the slow suite (minimized to one broker): the kernel stopped on its own invariant (an
     epoch's leader appends contiguously) because the engines made a master that restarted while isolated a zombie,
-    appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq_control`): such a master
+    appending under the epoch its lost disk no longer held; decided by C7 (`rocketmq.control`): such a master
     serves nothing until its new incarnation registers, so it is no zombie either. Controller mode, one group {0},
     no slaves, controller_scan_ms=300 (scans at 2000 ms + k·300 ms), heartbeat timeout 10 s. Messages 1 and 2 are
     acked and visible at 400 ms (async flush, in_sync_replicas=1) and lost with the disk at 6.4 s. The controller
@@ -299,7 +299,7 @@ def test_master_restarted_while_isolated_is_no_zombie():
 
 
 def test_isolated_one_member_dledger_group_commits_alone():
-    """Found by the slow suite (2026-11-24, minimized): the engines disagreed (ack at the heal vs
+    """Found by the slow suite (minimized): the engines disagreed (ack at the heal vs
     in_sync_replicas_not_enough) on sends to an isolated DLedger leader of a one-member group; decided by SPEC §3.7
     R-4. group_size=1, two brokers: groups {0} and {1}, one queue each. Broker 0 crashes at 0, so messages 1, 3, 5
     (round-robin to group 0, no retry) fail with no_route. Broker 1 is isolated at 1 ms: `isolate` only cuts it
@@ -342,8 +342,8 @@ def test_quiet_sync_state_set_checks_end_no_segment_and_a_silent_slave_still_lea
     allAckInSyncStateSet the confirm offset moves again there, and both engines agree on every outcome, timeline row
     and unavailability. After 38 s slave 2, outside the set but up, could rejoin with its old catch-up time: the
     checks at 43-58 s run."""
-    from replay.kernels.rocketmq_controller import ControllerReplay
     from replay.policies import parse_policy
+    from replay.rocketmq.kernels.controller import ControllerReplay
     from schemas.trace import Broker, Manifest
 
     policy = parse_policy("rocketmq-controller:all_ack_in_sync_state_set=true,min_insync_replicas=2,"

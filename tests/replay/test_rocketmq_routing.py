@@ -7,10 +7,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 
 from replay.events import split_trace_table
-from replay.families import RouteInput, family_of
+from replay.families import family_of
+from replay.family import RouteInput
 from replay.local import control_events, msg_rank
 from replay.policies import parse_policy
-from replay.rocketmq_control import java_hash_mod
+from replay.rocketmq.routing import java_hash_mod
 
 from .strategies import group_traces
 

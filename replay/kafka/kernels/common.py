@@ -1,0 +1,32 @@
+"""Constants and log helpers shared by the modules of the `kafka` kernel (`replay/kafka/kernels/kernel.py`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.kafka.kernels.steady import MsgState
+from schemas.trace import Kind
+
+# Position of an event within its instant (SPEC §2.2): trace kinds 0-8, then derived events.
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+C_FENCE, C_CLIENT, C_RETRY = 9, 11, 12  # and C_TICK = 10 (`steady`: the compiled loop passes idle ticks)
+WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED, MsgState.ACKED,
+                                            MsgState.FAILED)
+PENDING_COLS = {
+    "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
+    "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
+    "vis": np.int64,
+    # carried untouched to the outputs (PartitionEvents.payload)
+    "pid": np.int64, "part": np.int64, "keyid": np.int64,
+}
+PAYLOAD = ("pid", "part", "keyid")
+#: Earlier appends of retried messages, in the order they were made: a retried message appended again keeps its
+#: earlier (epoch, offset) for judging its fate, as a copy may survive (`Msg.positions` in
+#: replay/kafka/reference/interpreter.py).
+EXTRA_COLS = {"msg": np.int64, "epoch": np.int64, "offset": np.int64}
+COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
+
+
+def key(ts, code):
+    """Events sort by ts, then by their position within the instant (SPEC §2.2)."""
+    return ts * 16 + code

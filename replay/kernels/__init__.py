@@ -1,1 +1,0 @@
-"""Vectorized replay kernels, one module per family: numpy over whole segments of a partition's timeline."""

@@ -1,0 +1,143 @@
+"""The RocketMQ kernels' pending messages: rows, answers (R1), visibility, compaction into records."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.events import PartitionEvents
+from replay.results import runs_contain
+from replay.rocketmq.control import (
+    C_ARRIVE,
+    INF,
+    key_of,
+)
+from replay.rocketmq.kernels.common import (
+    ACKED,
+    FAILED,
+    PREARRIVE,
+    WAITING,
+)
+from replay.shared.kernels.arrays import runs_array
+from replay.shared.kernels.records import hand_over_settled, settled_mask
+from schemas.outcomes import NULL_US, Error, Status
+from schemas.units import MS
+
+_ACKED, _FAILED = int(ACKED), int(FAILED)
+
+
+class GroupMessages:
+    """Part of `group.GroupReplay`: the pending messages (R1) and their records."""
+
+    # ================================================================================= messages
+    def _add_payload_keys(self, payload: dict) -> None:
+        """Columns carried to the outputs untouched; a key first seen in a later chunk is -1 before it."""
+        new = sorted(set(payload) - set(self.payload_keys or ()))
+        if self.payload_keys is not None and not new:
+            return
+        self.payload_keys = tuple(self.payload_keys or ()) + tuple(new)
+        for k in new:
+            for table in (self.pend, self.recs):
+                table.dtypes[k] = np.int64
+                table.cols[k] = np.full(len(table.cols["msg"]), -1, dtype=np.int64)
+
+    def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
+        # scalars broadcast into the table's columns (no per-column temporaries)
+        cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
+                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
+        for name in self.payload_keys or ():
+            cols[name] = payload[name]
+        return self.pend.append(**cols)
+
+    def _settle_unrouted(self, ev: PartitionEvents, payload: dict, sel: np.ndarray) -> None:
+        """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
+        # scalars broadcast into the table's columns
+        self.recs.append(msg=ev.produce_msg[sel], prod=ev.produce_ts[sel], status=Status.FAILED, err=Error.NO_ROUTE,
+                         ack=NULL_US, vis=NULL_US, pe=-1, po=-1,
+                         **{name: payload[name][sel] for name in self.payload_keys or ()})
+
+    def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
+        ts = ev.produce_ts[sel]
+        rows = self._new_rows(ev.produce_msg[sel], ts, ev.produce_size[sel], ts + delay[sel],
+                              {k: v[sel] for k, v in payload.items()}, PREARRIVE)
+        keys = np.concatenate([self.sched_key, key_of(ts + delay[sel], C_ARRIVE)])
+        all_rows = np.concatenate([self.sched_row, rows])
+        order = np.lexsort((self.pend["msg"][all_rows], keys))  # same instant: msg_id order
+        self.sched_key, self.sched_row = keys[order], all_rows[order]
+
+    def _limit(self, rows: np.ndarray) -> np.ndarray:
+        """Last instant at which an ack still counts (R1): the broker's status or the client's deadline."""
+        return np.minimum(self.pend["arrive"][rows] + self._answer_ms() * MS, self.pend["dead"][rows])
+
+    def _ack_rows(self, rows: np.ndarray, when: np.ndarray) -> None:
+        ok = when <= self._limit(rows)
+        self.pend.cols["state"][rows[ok]] = ACKED
+        self.pend.cols["ack"][rows[ok]] = when[ok]
+
+    def _waiting_of(self, b: int, epoch: int) -> np.ndarray:
+        """Rows waiting for an answer from broker b's current incarnation in `epoch`."""
+        n = self.pend.n
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero((self.pend["state"] == WAITING) & (self.pend["tb"] == b) & (self.pend["tep"] == epoch)
+                              & (self.pend["tinc"] == self.incarnation[self.ix[b]]))
+
+    def _ack_upto(self, t: int, b: int, epoch: int, upto: int) -> None:
+        rows = self._waiting_of(b, epoch)
+        if len(rows):
+            rows = rows[(self.pend["po"][rows] < upto) & self._held(b, rows)]
+            self._ack_rows(rows, np.full(len(rows), t, dtype=np.int64))
+
+    def _held(self, b: int, rows: np.ndarray) -> np.ndarray:
+        return runs_contain(runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
+
+    def _mark_visible(self, t: int, b: int, lo: int, hi: int) -> None:
+        if self.pend.n == 0 or hi <= lo:
+            return
+        po, pe = self.pend["po"], self.pend["pe"]
+        vis = self.pend.cols["vis"]
+        rows = np.flatnonzero((po >= lo) & (po < hi) & (vis[: self.pend.n] == NULL_US) & (pe >= 0))
+        if len(rows):
+            rows = rows[self._held(b, rows)]
+            vis[rows] = t
+
+    def _resolve(self, t: int) -> None:
+        """R1, lazily: waiting messages whose broker status or client deadline came before t fail."""
+        n = self.pend.n
+        if n == 0:
+            return
+        st = self.pend.cols["state"]
+        rows = np.flatnonzero(st[:n] == WAITING)
+        if not len(rows):
+            return
+        answer_at = self.pend["arrive"][rows] + self._answer_ms() * MS
+        dead = self.pend["dead"][rows]
+        tb, tinc = self.pend["tb"][rows], self.pend["tinc"][rows]
+        end = np.full(len(rows), INF, dtype=np.int64)
+        for i, b in enumerate(self.order):
+            sel = tb == b
+            if sel.any() and self.inc_end[i]:
+                ends = np.array(self.inc_end[i], dtype=np.int64)
+                inc = tinc[sel]
+                end[sel] = np.where(inc < len(ends), ends[np.minimum(inc, len(ends) - 1)], INF)
+        answered = (answer_at <= dead) & (end > answer_at)  # its incarnation still up at that instant
+        fail_answer = answered & (answer_at < t)
+        fail_dead = ~answered & (dead < t)
+        err = self.pend.cols["err"]
+        st[rows[fail_answer]] = FAILED
+        err[rows[fail_answer]] = self.answer_error
+        st[rows[fail_dead]] = FAILED
+        err[rows[fail_dead]] = Error.DELIVERY_TIMEOUT
+        if fail_answer.any() or fail_dead.any():
+            self._compact()
+
+    def _compact(self) -> None:
+        """Hand settled messages to the records: answered, and visible or held by no broker."""
+        n = self.pend.n
+        if n < 4096:
+            return
+        settled, count = settled_mask(self.pend, self.runs, None, _ACKED, _FAILED)
+        if count < n // 2:
+            return
+        remap = hand_over_settled(self.pend, self.recs, settled, self.payload_keys or (), _ACKED, _FAILED)
+        if len(self.sched_row):
+            self.sched_row = remap[self.sched_row]

@@ -1,0 +1,323 @@
+"""The compiled steady path of the RocketMQ kernels (SPEC §3.3-3.5): one event at a time.
+
+Between two control points (faults, detections, elections, route polls) the group's leader, its reachability,
+the serving broker and the epoch do not change. `group_steady` applies the produce and replicate events and the
+scheduled arrivals (DLedger retries, C2) of such a segment in (ts, kind) order as the reference interpreter does
+(`GroupReference._append`, `_replicate`, `_ack_upto`, `_mark_visible`; `ClassicReference._arrive`, `_progress`;
+`DLedgerReference._arrive`, `_recommit`; `ControllerReference._arrive`, `_recompute_hw`, `_progress`), with the
+carried state in arrays named like the reference's fields (`log_len`, `fetched`, `lcu`, `nbytes`, the leader's
+`commit`, the controller's `hw`), and closes the instants it passes (timeline rows,
+availability; SPEC §4.2-4.3). Writes are returned for the flush model (R3), evaluated lazily in Python.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from replay.rocketmq.control import INF, KEY
+from replay.shared.kernels.arrays import close_instant, compiled, in_runs, kth_largest, timeline_row
+from schemas.outcomes import NULL_US, Error
+from schemas.trace import Kind
+
+
+class CommitRule(IntEnum):
+    """Which commit point answers the leader's requests."""
+
+    CLASSIC = 0  # rule 4 (SYNC_MASTER): the need-th largest slave copy; need = 0 acks at append (ASYNC_MASTER)
+    DLEDGER = 1  # rule 2: the q-th largest log end over the group, leader included; never decreases
+    # §3.5: the confirm offset (hw) is the minimum over the master's view of the SyncStateSet; acks at it
+    # (allAckInSyncStateSet), at the k-th largest log end (in_sync_replicas k > 1), or at append (k ≤ 1)
+    CONTROLLER = 2
+
+
+C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+# pending-message states (as `rocketmq.MsgState`; numba reads module globals as compile-time constants)
+_WAITING, _ACKED, _FAILED = 0, 1, 2
+_SLAVE_NOT_AVAILABLE = int(Error.SLAVE_NOT_AVAILABLE)
+_CLASSIC, _DLEDGER, _CONTROLLER = int(CommitRule.CLASSIC), int(CommitRule.DLEDGER), int(CommitRule.CONTROLLER)
+# bits of `ctl`, per replica (CONTROLLER): in the master's view of the SyncStateSet (the confirm offset's
+# members; the set it knew when isolated), in the SyncStateSet itself (a slave outside it rejoins, §3.5)
+IN_VIEW, IN_SSS = 1, 2
+
+# Indices of the carried scalars in `sc` (read and written back by `group_steady`).
+(S_CUR_T, S_COMMIT, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N, S_EP_N, S_POS,
+ S_SCHED_POS, S_APPENDED, S_NROWS, S_NUNAV, S_HW, S_ROW, S_EXPAND) = range(18)
+N_SCALARS = 18
+assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
+# Indices of the per-segment constants in `cf`.
+(F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_K, F_USABLE_OK, F_COMMITS,
+ F_EPOCH, F_INC, F_ANSWER, F_WINDOW, F_BLOCKED, F_REFUSAL, F_ALL_ACK, F_HW_MOVES) = range(19)
+N_CONSTANTS = 19
+
+
+@compiled(inline=True)
+def _ack_limit(arrive, dead, answer_us):
+    """R1: the last instant an ack still counts: the broker's status at arrival + its timeout, or the client's
+    deadline (at one instant replication comes first)."""
+    return min(arrive + answer_us, dead)
+
+
+@compiled(inline=True)
+def _point(rule, k, li, log_len, fetched, buf):
+    """The leader's commit point now: CLASSIC the k-th largest slave `fetched` (`_coverage`), DLEDGER and
+    CONTROLLER the k-th largest of the leader's log end and the others' `fetched` (`_recommit`, `_ack_point`)."""
+    m = 0
+    for b in range(len(fetched)):
+        if b != li:
+            buf[m] = fetched[b]
+            m += 1
+        elif rule != _CLASSIC:
+            buf[m] = log_len[b]
+            m += 1
+    return kth_largest(buf, m, k)
+
+
+@compiled(inline=True)
+def _view_min(li, ctl, log_len, fetched):
+    """§3.5 the confirm offset's candidate (`ControllerReference._recompute_hw`): the smallest log end over the
+    master's view of the SyncStateSet, the master's own log and the others' `fetched`."""
+    m = INF
+    for b in range(len(fetched)):
+        if ctl[b] & IN_VIEW:
+            m = min(m, log_len[b] if b == li else fetched[b])
+    return m
+
+
+@compiled(inline=True)
+def _settle(lo, hi, base, orow, t, mark_visible, acks, lb, epoch, inc, answer_us, state, ack, vis, tb, tep, tinc,
+            arrive, dead):
+    """The leader's point moved from lo to hi at t: its entries there become visible (`_mark_visible`, if
+    `mark_visible`) and answer their waiting requests (`_ack_upto`, if `acks`; R1: only this incarnation's, in
+    time)."""
+    for o in range(lo, hi):
+        r = orow[o - base]
+        if r < 0:
+            continue
+        if mark_visible and vis[r] == NULL_US:
+            vis[r] = t
+        if acks and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and tinc[r] == inc and \
+                t <= _ack_limit(arrive[r], dead[r], answer_us):
+            state[r], ack[r] = _ACKED, t
+
+
+@compiled(inline=True)
+def _write(b, t, length, nb, w_t, w_len, w_bytes, w_n):
+    """Replica b's log reached `length` entries (`nb` bytes) at t: a write for the flush model (R3), kept per
+    replica (row b of w_t, w_len, w_bytes; w_n[b] of them)."""
+    k = w_n[b]
+    w_t[b, k], w_len[b, k], w_bytes[b, k] = t, length, nb
+    w_n[b] = k + 1
+
+
+@compiled(inline=True)
+def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbytes, lead_app, lead_cum, lead_n,
+            cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n):
+    """The leader appends message row r at t (`GroupReference._append`): its log, its epoch's entries, the
+    leader cache (append times, cumulative bytes by offset) and a write for the flush model; the message is
+    answered by this incarnation (R1)."""
+    off = log_len[li]
+    nbytes[li] += size
+    pe[r], po[r], tb[r], tinc[r], tep[r] = epoch, off, lb, inc, epoch
+    log_len[li] = off + 1
+    lead_app[lead_n], lead_cum[cum_n] = t, nbytes[li]
+    ep_app[ep_n] = t
+    ep_cum[ep_n + 1] = ep_cum[ep_n] + size
+    _write(li, t, off + 1, nbytes[li], w_t, w_len, w_bytes, w_n)
+
+
+@compiled(inline=True)
+def _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis, arrive, dead):
+    """The family's decision at append: `ClassicReference._arrive` (rule 5: visible at the master's append;
+    rule 4: ASYNC_MASTER acks there, a SYNC_MASTER without enough usable slaves fails at once, stored on the
+    master); `ControllerReference._arrive` (B.7: visible there unless allAckInSyncStateSet; in_sync_replicas ≤ 1
+    acks there); DLedger waits for its commit."""
+    state[r] = _WAITING
+    if vis_at_append:
+        vis[r] = t
+    if ack_at_append:
+        if t <= _ack_limit(arrive[r], dead[r], answer_us):  # R1: a retry that arrives past its deadline
+            state[r], ack[r] = _ACKED, t
+    elif not usable_ok:
+        state[r], err[r] = _FAILED, _SLAVE_NOT_AVAILABLE
+
+
+def _steady_loop(rule: int):
+    """`group_steady` compiled for one commit rule: `rule` is a constant of the closure (numba keys its on-disk
+    cache by the closure's values), so the other rules' branches are no code at all. Read at run time, the
+    controller's branch alone cost the other families' loops 15-27 %."""
+
+    @compiled(counted=False)
+    def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
+                     size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
+                     log_len, nbytes, fetched, lcu, alive, ctl, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
+                     w_t, w_len, w_bytes, w_n, row_out, unav_out, orow):
+        """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], cf[F_S_HI]) and
+        scheduled arrivals [sc[S_SCHED_POS], cf[F_SCHED_HI]), merged. Produce events already have rows from
+        cf[F_ROW0] on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
+        confirm offset (sc[S_EXPAND] = its index; the caller adds it, as `ControllerReference._progress` does, and
+        goes on). Returns nothing: the carried scalars are in `sc`, outputs in the *_out / w_* buffers with their
+        counts in `sc`. `orow` is scratch of at least one slot per entry of the leader's log from the commit point
+        up, per due event, plus one."""
+        cur_t, commit, hw = sc[S_CUR_T], sc[S_COMMIT], sc[S_HW]
+        lead_n, cum_n, ep_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N]
+        i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], cf[F_S_HI], cf[F_SCHED_HI]
+        li, lb, srv_ok, l_ok, k = cf[F_LI], cf[F_LB], cf[F_SRV_OK] == 1, cf[F_L_OK] == 1, cf[F_K]
+        usable_ok, commits, epoch, inc = cf[F_USABLE_OK] == 1, cf[F_COMMITS] == 1, cf[F_EPOCH], cf[F_INC]
+        answer_us, window, blocked, refusal = cf[F_ANSWER], cf[F_WINDOW], cf[F_BLOCKED] == 1, cf[F_REFUSAL]
+        all_ack, hw_moves = cf[F_ALL_ACK] == 1, cf[F_HW_MOVES] == 1
+        controller = rule == _CONTROLLER
+        if controller:
+            by_point = all_ack or k > 1  # acks wait for a point (else at append)
+            vis_at_append = not all_ack
+        else:
+            by_point = rule == _DLEDGER or k > 0  # not ASYNC_MASTER
+            vis_at_append = rule == _CLASSIC
+        ack_at_append = not by_point
+        row = cf[F_ROW0]
+        appended, n_rows, n_unav, expand = 0, 0, 0, -1
+        # offset -> row of the messages in the leader's log from the commit point up (R1, rule 4 visibility)
+        leo0 = log_len[li] if li >= 0 else 0
+        base = min(commit, leo0)
+        room = max(leo0 - base, 0) + (s_hi - i_s) + (r_hi - i_r) + 1
+        if len(orow) < room:
+            raise ValueError("group_steady: orow is shorter than the leader's uncommitted log and the due events")
+        orow[:room] = -1
+        t0 = min(s_key[i_s] if i_s < s_hi else INF, sched_key[i_r] if i_r < r_hi else INF) // KEY
+        if by_point and li >= 0:
+            for r in range(cf[F_PEND_N]):
+                if base <= po[r] < leo0 and pe[r] >= 0 and in_runs(lead_runs, pe[r], po[r]):
+                    orow[po[r] - base] = r
+                # already below the commit point: answered at the next event (the controller's master only while
+                # it serves: `ControllerReplay` settles nothing for a master the clients do not reach)
+                if 0 <= po[r] < commit and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and \
+                        tinc[r] == inc and t0 <= _ack_limit(arrive[r], dead[r], answer_us) and \
+                        (commits or not controller):
+                    state[r], ack[r] = _ACKED, t0
+        closed = 0
+        prev_leo, prev_hw = -1, -1
+        while True:
+            kt = s_key[i_s] if i_s < s_hi else INF
+            kr = sched_key[i_r] if i_r < r_hi else INF
+            if kt == INF and kr == INF:
+                break
+            trace = kt <= kr  # trace events first on equal keys
+            t = (kt if trace else kr) // KEY
+            if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
+                leo_c = log_len[li] if li >= 0 else 0
+                # R6: the consumer-visible point (the controller's confirm offset with allAckInSyncStateSet, B.7)
+                hw_c = commit if rule == _DLEDGER else (hw if controller and all_ack else leo_c)
+                n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw_c, prev_leo, prev_hw, window, True)
+                prev_leo, prev_hw = leo_c, hw_c
+                closed += 1
+                stall = INF  # R7: the oldest entry still waiting for its commit, once its timeout passed
+                if not blocked and by_point and commit < leo_c:
+                    stall = lead_app[commit] + answer_us
+                n_unav = close_instant(sc, S_AV_HAS, cur_t, blocked, stall, unav_out, n_unav)
+                cur_t = t
+            reporter = -1
+            if trace:
+                j = i_s
+                i_s += 1
+                if s_code[j] == C_REPLICATE:  # -------------------------------------- SPEC §3.2 rule 5: a report
+                    b = s_rep[j]
+                    if not l_ok or b < 0 or b == li or not alive[b]:
+                        continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
+                    leo = log_len[li]
+                    old = log_len[b]
+                    # the leader's entries appended by upto (append times never decrease in a log): a scan from the
+                    # follower's log end, in time proportional to the entries it copies; a report never shrinks a log
+                    new_len = old
+                    while new_len < leo and lead_app[new_len] <= s_upto[j]:
+                        new_len += 1
+                    if new_len > old:
+                        sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
+                        nbytes[b] = lead_cum[new_len]
+                        _write(b, t, new_len, nbytes[b], w_t, w_len, w_bytes, w_n)
+                    log_len[b] = new_len
+                    fetched[b] = new_len
+                    lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
+                    reporter = b
+                else:  # ------------------------------------------------------------ a message arrives (produce)
+                    r = row
+                    row += 1
+                    if not srv_ok:
+                        state[r], err[r] = _FAILED, refusal  # R2 (§3.5: refused before append)
+                        continue
+                    _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes, lead_app,
+                            lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                    lead_n, cum_n, ep_n = lead_n + 1, cum_n + 1, ep_n + 1
+                    appended += 1
+                    _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis,
+                               arrive, dead)
+                    orow[po[r] - base] = r
+            else:  # ------------------------------------------------------ a scheduled arrival (DLedger retry, C2)
+                r = sched_row[i_r]
+                i_r += 1
+                if not srv_ok:
+                    state[r], err[r] = _FAILED, refusal  # R2
+                    continue
+                _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes,
+                        lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                lead_n, cum_n, ep_n, appended = lead_n + 1, cum_n + 1, ep_n + 1, appended + 1
+                _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis, arrive, dead)
+                orow[po[r] - base] = r
+            # ------------- the points after a report or an append (rule 4 / DLedger rule 2 / §3.5 `_recompute_hw`)
+            if controller:
+                # the confirm offset never decreases in an epoch; without allAck only a rejoin reads it here, so
+                # it is brought up to date there and at the segment's end (its running maximum is the same)
+                if hw_moves and (all_ack or (reporter >= 0 and (ctl[reporter] & IN_SSS) == 0)):
+                    h = _view_min(li, ctl, log_len, fetched)
+                    if h > hw:
+                        if all_ack:
+                            _settle(hw, h, base, orow, t, True, False, lb, epoch, inc, answer_us, state, ack, vis,
+                                    tb, tep, tinc, arrive, dead)
+                        hw = h
+                if by_point and commits:
+                    c = hw if all_ack else _point(rule, k, li, log_len, fetched, buf)
+                    if c > commit:
+                        _settle(commit, c, base, orow, t, False, True, lb, epoch, inc, answer_us, state, ack, vis,
+                                tb, tep, tinc, arrive, dead)
+                        commit = c
+                if reporter >= 0 and (ctl[reporter] & IN_SSS) == 0 and log_len[reporter] >= hw:
+                    expand = reporter  # the slave rejoins the SyncStateSet: the caller adds it
+                    break
+            elif by_point and commits:
+                c = _point(rule, k, li, log_len, fetched, buf)
+                if c > commit:
+                    _settle(commit, c, base, orow, t, rule == _DLEDGER, True, lb, epoch, inc, answer_us, state, ack,
+                            vis, tb, tep, tinc, arrive, dead)  # DLedger rule 4: consumers see committed entries
+                    commit = c
+        if controller and hw_moves:
+            hw = max(hw, _view_min(li, ctl, log_len, fetched))
+        sc[S_CUR_T], sc[S_COMMIT], sc[S_HW], sc[S_ROW], sc[S_EXPAND] = cur_t, commit, hw, row, expand
+        sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_POS], sc[S_SCHED_POS] = lead_n, cum_n, ep_n, i_s, i_r
+        sc[S_APPENDED], sc[S_NROWS], sc[S_NUNAV] = appended, n_rows, n_unav
+
+    return group_steady
+
+
+#: The compiled steady loop of each commit rule.
+GROUP_STEADY = {rule: _steady_loop(int(rule)) for rule in CommitRule}
+
+
+@compiled
+def stream_columns(order, nrep, r_key, p_key, r_broker, r_upto, r_rep):
+    """The chunk's stream events in the order `order` (indices into replications then produce events, as
+    `arrays.merge_order` gives), with an INF sentinel at the end. Returns (key, code, broker, replica index,
+    upto, produce index); replication rows hold produce index -1, produce rows broker and replica index -1."""
+    n = len(order)
+    key = np.empty(n + 1, dtype=np.int64)
+    code, broker, rep, upto, pidx = (np.zeros(n + 1, dtype=np.int64), np.full(n + 1, -1, dtype=np.int64),
+                                     np.full(n + 1, -1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
+                                     np.full(n + 1, -1, dtype=np.int64))
+    for o in range(n):
+        j = order[o]
+        if j < nrep:
+            key[o], code[o], broker[o], rep[o], upto[o] = r_key[j], C_REPLICATE, r_broker[j], r_rep[j], r_upto[j]
+        else:
+            j -= nrep
+            key[o], code[o], pidx[o] = p_key[j], C_PRODUCE, j
+    key[n] = INF
+    return key, code, broker, rep, upto, pidx

@@ -1,0 +1,180 @@
+"""Steady segments of the RocketMQ kernels: the compiled loop of the family's commit rule
+(`steady.GROUP_STEADY`) called with the state it needs, and its effects on the Python-held state (logs as
+runs, flush history, timeline rows, availability). The family says which commit rule answers its leader's requests
+(`_steady_rule`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.rocketmq.control import INF, KEY
+from replay.rocketmq.kernels import steady
+from replay.rocketmq.kernels.steady import CommitRule
+from replay.shared.kernels.arrays import Grow, extend_runs, prefix_runs, reserve, runs_array
+from schemas.outcomes import Error
+from schemas.trace import Kind
+from schemas.units import MS
+
+C_PRODUCE = int(Kind.PRODUCE)
+
+
+@dataclass(frozen=True)
+class SteadyRule:
+    """What a family fixes for one steady segment."""
+
+    leader: int | None  # the broker followers fetch from (and whose commit point answers requests)
+    takes: bool  # the leader takes arriving messages (else they fail with no_leader, R2)
+    reachable: bool  # followers' reports reach the leader
+    rule: CommitRule
+    k: int  # CLASSIC: slave copies needed (0: ack at append); DLEDGER: the majority
+    usable: bool  # CLASSIC: enough usable slaves (else slave_not_available at once)
+    commits: bool  # the commit point may move (DLEDGER: the leader reaches a majority, R-4; CONTROLLER: it serves)
+    commit: int  # the commit point before the segment
+    refusal: Error = Error.NO_LEADER  # why an arrival fails when the leader does not take it (R2)
+    # CONTROLLER (§3.5): the confirm offset, whether it may move (the master is up), allAckInSyncStateSet, and
+    # the brokers of the master's view of the SyncStateSet and of the set itself
+    hw: int = 0
+    hw_moves: bool = False
+    all_ack: bool = False
+    view: tuple[int, ...] = ()
+    sss: tuple[int, ...] = ()
+
+
+class SteadySegments:
+    """Part of `rocketmq.ClassicReplay` and `rocketmq.DLedgerReplay`, which hold the state these methods use."""
+
+    #: Trace events per compiled segment at most: fewer Python round trips than the numpy path's segments, while
+    #: the pending table (compacted between segments) stays bounded.
+    SEGMENT_MAX = 1 << 17
+
+    def _steady_rule(self) -> SteadyRule:
+        raise NotImplementedError
+
+    def _scratch(self, n: int) -> tuple[np.ndarray, ...]:
+        """The loop's output buffers (writes per replica, timeline rows, unavailability), room for n events, kept
+        across segments (fresh large arrays cost a page fault per 4 KiB)."""
+        bufs = self.__dict__.get("_bufs")
+        if bufs is None or len(bufs[-1]) < n:
+            cap = max(n, 2 * len(bufs[-1]) if bufs is not None else 0)
+            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in range(3)),
+                    np.empty((cap, 4), dtype=np.int64), np.empty((cap, 2), dtype=np.int64))
+            self._bufs = bufs
+        return bufs
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_bufs", None)  # scratch: not part of the replay's state (stream snapshots stay small)
+        state.pop("_orow", None)
+        return state
+
+    def _steady_done(self, commit: int, hw: int, expand: int | None) -> None:
+        """Carry the segment's final commit point and confirm offset; `expand`: the broker that rejoins the
+        SyncStateSet at the segment's last event (CONTROLLER)."""
+
+    def _stream(self, limit_key: int) -> None:
+        """Process replicate/produce events and scheduled arrivals with keys below `limit_key`, one compiled
+        segment (at most `segment_max` trace events) at a time."""
+        while True:
+            hi = min(int(np.searchsorted(self.s_key, limit_key, side="left")), self.s_pos + self.segment_max)
+            # scheduled arrivals before the next trace event left for later (s_key ends with an INF sentinel)
+            shi = int(np.searchsorted(self.sched_key, min(limit_key, int(self.s_key[hi])), side="left"))
+            if hi <= self.s_pos and shi == 0:
+                return
+            self._steady(hi, shi)
+            self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
+
+    def _steady(self, hi: int, shi: int) -> None:
+        """Stream events [s_pos, hi) and scheduled arrivals [0, shi) in compiled code, then their effects."""
+        lo = self.s_pos
+        due = hi - lo + shi
+        # produce events get their rows first (vectorized), in order; the loop fills in their outcome
+        new = lo + np.flatnonzero(self.s_code[lo:hi] == C_PRODUCE)
+        pend_n = self.pend.n
+        if len(new):
+            ts = self.s_key[new] // KEY
+            msg, size, pay = self._produced(self.s_pidx[new])
+            self._new_rows(msg, ts, size, ts, pay, 0)
+        arrivals = len(new) + shi  # at most one append each
+        c = self.pend.cols
+        rule = self._steady_rule()
+        ldr = rule.leader
+        li = self.ix[ldr] if ldr is not None else -1
+        assert self.lead_for_cache == ldr, "the leader cache holds the leader's log"
+        epoch = self.cp.epoch
+        new_epoch = epoch not in self.epochs
+        ep_start, ep_app, ep_cum = ((int(self.log_len[li]), Grow(), Grow(np.zeros(1, dtype=np.int64))) if new_epoch
+                                    else self.epochs[epoch])
+        if new_epoch:  # room for the chunk's appends (`GroupReplay.advance`)
+            reserve(ep_app, self.room)
+            reserve(ep_cum, self.room)
+        cf = np.zeros(steady.N_CONSTANTS, dtype=np.int64)
+        cf[[steady.F_S_HI, steady.F_SCHED_HI, steady.F_ROW0, steady.F_PEND_N, steady.F_LI, steady.F_LB,
+            steady.F_SRV_OK, steady.F_L_OK, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
+            steady.F_EPOCH, steady.F_INC, steady.F_ANSWER, steady.F_WINDOW, steady.F_BLOCKED, steady.F_REFUSAL,
+            steady.F_ALL_ACK, steady.F_HW_MOVES]] = [
+            hi, shi, pend_n, pend_n, li, -1 if ldr is None else ldr, int(rule.takes and ldr is not None),
+            int(rule.reachable), rule.k, int(rule.usable), int(rule.commits), epoch,
+            int(self.incarnation[li]) if li >= 0 else 0, self._answer_ms() * MS, self.timeline.window_us,
+            int(self._blocked()), int(rule.refusal), int(rule.all_ack), int(rule.hw_moves)]
+        av = self.timeline.av_prev or (0, False, INF)
+        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
+        sc[[steady.S_CUR_T, steady.S_COMMIT, steady.S_AV_HAS, steady.S_AV_T, steady.S_AV_BLOCKED, steady.S_AV_STALL,
+            steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_POS, steady.S_HW]] = [
+            self.cur_t, rule.commit, int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2],
+            self.lead_app.n, self.lead_cum.n, ep_app.n, lo, rule.hw]
+        n = len(self.order)
+        alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
+        ctl = np.array([steady.IN_VIEW * (b in rule.view) + steady.IN_SSS * (b in rule.sss) for b in self.order],
+                       dtype=np.int64)
+        lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        before = self.log_len.copy()
+        w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
+        w_n = np.zeros(n, dtype=np.int64)
+        leo0 = int(self.log_len[li]) if li >= 0 else 0
+        orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
+        steady.GROUP_STEADY[rule.rule](
+            sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
+            c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
+            c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
+            alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
+            reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
+            w_t, w_len, w_bytes, w_n, rows, unav, orow)
+        # ----- the carried scalars and the growable arrays back
+        self.cur_t = int(sc[steady.S_CUR_T])
+        self.s_pos = int(sc[steady.S_POS])
+        # a segment cut short at a rejoin (CONTROLLER): the rows made for the produce events it did not reach go,
+        # and the next segment makes them again
+        self.pend.n = int(sc[steady.S_ROW])
+        took = int(sc[steady.S_SCHED_POS])
+        if took:
+            self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
+        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
+        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
+        ep_app.n = int(sc[steady.S_EP_N])
+        ep_cum.n = ep_app.n + 1
+        # ----- logs as runs: the leader's appends (one epoch), then followers as prefixes of the leader's log
+        k = int(sc[steady.S_APPENDED])
+        if k:
+            if new_epoch:
+                self.epochs[epoch] = (ep_start, ep_app, ep_cum)
+            start = int(self.log_len[li]) - k
+            assert self.epochs[epoch][0] + ep_app.n == start + k, "an epoch's leader appends contiguously"
+            extend_runs(self.runs[li], epoch, start, k)
+        for i in range(n):
+            if i != li and self.log_len[i] > before[i]:
+                self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
+        # ----- writes, for the flush model (R3)
+        for i, k in enumerate(w_n.tolist()):
+            if k:
+                self.flush[i].write(w_t[i, :k], w_len[i, :k], w_bytes[i, :k])
+        # ----- closed instants: timeline rows and availability
+        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
+            self.timeline.offer(self._state_row(t, leo, hw))
+        self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
+        if sc[steady.S_AV_HAS]:
+            self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]),
+                                     int(sc[steady.S_AV_STALL]))
+        expand = int(sc[steady.S_EXPAND])
+        self._steady_done(int(sc[steady.S_COMMIT]), int(sc[steady.S_HW]), self.order[expand] if expand >= 0 else None)

@@ -1,0 +1,80 @@
+"""The RocketMQ reference interpreter's state: log entries, brokers, messages, and the helpers its roles share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from replay.policies import Policy
+from schemas.outcomes import NULL_US, Error, Status
+from schemas.units import MS
+
+
+@dataclass
+class Entry:
+    epoch: int  # epoch of the leader (master incarnation) that appended it
+    msg_id: int
+    append_us: int  # when that leader appended it (SPEC §3.2 rule 5: copies keep it)
+    size: int
+
+
+@dataclass
+class Broker:
+    id: int
+    up: bool = True
+    isolated: bool = False
+    incarnation: int = 0  # bumped at every stop
+    log: list[Entry] = field(default_factory=list)
+    written_us: list[int] = field(default_factory=list)  # when each entry was written on this broker
+    durable: int = 0  # prefix known to be on disk
+    fetched: int = 0  # the leader's view of this broker's log end (R4)
+    lcu: int = 0  # last time it was caught up (SPEC §3.2 rule 5, §3.5)
+
+    @property
+    def alive(self) -> bool:
+        return self.up and not self.isolated
+
+
+@dataclass
+class Msg:
+    msg_id: int
+    produce_us: int
+    size: int
+    deadline_us: int
+    payload: dict
+    state: str = "new"  # waiting | acked | failed
+    status: Status = Status.PENDING
+    error: Error = Error.NONE
+    ack_us: int = NULL_US
+    visible_us: int = NULL_US
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    taker: tuple[int, int, int] | None = None  # (broker, its incarnation, epoch) that appended it (R1)
+
+
+def common_prefix(a: list[Entry], b: list[Entry]) -> int:
+    """Entries two logs share: same (epoch, msg) at every offset (leader-epoch truncation)."""
+    n = 0
+    while n < min(len(a), len(b)) and (a[n].epoch, a[n].msg_id) == (b[n].epoch, b[n].msg_id):
+        n += 1
+    return n
+
+
+@dataclass
+class ZombieMaster:
+    """An isolated master replaced by the controller that clients still write to (SPEC §3.2 rule 10, C7)."""
+
+    broker: int
+    epoch: int
+    view: tuple[int, ...]
+    hw: int
+    ack: int  # its in_sync_replicas ack point when replaced: its slaves' copies are not counted after that
+
+
+def next_poll(p: Policy, t: int) -> int:
+    """SPEC §3.7 R-1: the first route poll at or after t (polls every route_refresh_ms from 0; the poll at 0 is
+    the initial route, so the first that can teach clients a new master is at route_refresh_ms)."""
+    r = p.route_refresh_ms * MS
+    return max(r, -(-t // r) * r)
+
+
+def last_epoch(log: list[Entry]) -> int:
+    return log[-1].epoch if log else -1

@@ -1,0 +1,1 @@
+"""What both families' replays share: array and compiled-code helpers, the judgement, the outcome records."""

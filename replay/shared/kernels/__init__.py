@@ -1,0 +1,1 @@
+"""Helpers of both families' vectorized kernels: numpy and compiled code over whole segments of a timeline."""

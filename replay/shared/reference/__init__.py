@@ -1,0 +1,1 @@
+"""Helpers of both families' reference interpreters: what each hands the judgement (SPEC §9)."""
