@@ -1,0 +1,126 @@
+"""The durability estimator against exact answers: a CTMC, plain Monte Carlo, and its own sampling measure."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.durability.episodes import Biasing, EpisodeSampler
+from engine.durability.estimate import Stratum, Z95, policy_figures, yearly
+from generators.rates import SECONDS_PER_YEAR
+from tests.durability_markov import (
+    BROKERS,
+    absorption_from_one,
+    disk_only_rates,
+    p_loss_per_year,
+    REPAIR_MEAN_S,
+    afr_for,
+)
+
+AFR = 0.02  # the chain at 1e-3 .. 1e-9 uses afr_for(target) instead
+
+
+def _stratum(sampler: EpisodeSampler, n: int, rng: np.random.Generator, per_second=None) -> Stratum:
+    disk = sampler.index["disk_loss"]
+    eps = [sampler.sample(disk, rng) for _ in range(n)]
+    rates = sampler.per_second if per_second is None else per_second
+    w = np.array([e.weight(rates) for e in eps])
+    lost = np.array([[e.max_down == 3] for e in eps])
+    zeros = np.zeros((n, 1))
+    return Stratum(3 * sampler.rates["disk_loss"].per_year, w, np.array([e.length_s for e in eps]), lost, zeros,
+                   zeros, zeros)
+
+
+def _coverage(target: float, reps: int, n: int, seed: int) -> tuple[float, float]:
+    afr = afr_for(target)
+    rates = disk_only_rates(afr, REPAIR_MEAN_S)
+    exact = 3 * afr * absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S)
+    sampler = EpisodeSampler(rates, BROKERS, Biasing(q=0.5))
+    rng = np.random.default_rng(seed)
+    hits, estimates = 0, []
+    for _ in range(reps):
+        a, se = yearly([_stratum(sampler, n, rng)], "lost", 0)
+        hits += abs(a - exact) <= Z95 * se
+        estimates.append(a)
+    return hits / reps, float(np.mean(estimates)) / exact - 1
+
+
+def test_markov_chain_solution_is_consistent():
+    """The absorption probability and the yearly expm agree (P ≈ 3λ·h₁ for rare losses)."""
+    for target in (1e-3, 1e-9):
+        afr = afr_for(target)
+        mu = SECONDS_PER_YEAR / REPAIR_MEAN_S
+        rate = 3 * afr * absorption_from_one(afr, mu)
+        assert rate == pytest.approx(target, rel=1e-6)
+        assert p_loss_per_year(afr, mu) == pytest.approx(-math.expm1(-rate), rel=5e-2)
+
+
+@pytest.mark.parametrize("target", [1e-3, 1e-6, 1e-9])
+def test_interval_covers_the_exact_markov_value(target):
+    """Short version: 40 repetitions; coverage ≥ 85 % and the mean within 10 % (the slow test asks ≥ 93 %)."""
+    coverage, bias = _coverage(target, reps=40, n=300, seed=int(-math.log10(target)))
+    assert coverage >= 0.85, coverage
+    assert abs(bias) < 0.10, bias
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [1e-3, 1e-5, 1e-7, 1e-9])
+def test_interval_covers_the_exact_markov_value_200(target):
+    coverage, bias = _coverage(target, reps=200, n=400, seed=100 + int(-math.log10(target)))
+    assert coverage >= 0.93, coverage
+    assert abs(bias) < 0.05, bias
+
+
+def test_plain_monte_carlo_at_inflated_rates_agrees_with_importance_sampling():
+    """At a disk AFR of 500 % (×250 the default) with 30-day repairs, where one episode in eight loses, plain MC
+    (q = 0) and IS agree within their intervals, and both cover the exact chain."""
+    repair = 30 * 24 * 3600.0
+    rates = disk_only_rates(5.0, repair)  # AFR × 250
+    exact = 3 * 5.0 * absorption_from_one(5.0, SECONDS_PER_YEAR / repair)
+    plain = EpisodeSampler(rates, BROKERS, Biasing(q=0.0))
+    biased = EpisodeSampler(rates, BROKERS, Biasing(q=0.5))
+    a_p, se_p = yearly([_stratum(plain, 3000, np.random.default_rng(7))], "lost", 0)
+    a_i, se_i = yearly([_stratum(biased, 3000, np.random.default_rng(8))], "lost", 0)
+    assert abs(a_p - a_i) <= Z95 * math.hypot(se_p, se_i)
+    assert abs(a_p - exact) <= Z95 * se_p and abs(a_i - exact) <= Z95 * se_i
+
+
+def test_plain_sampling_has_unit_weights_and_reweighting_to_the_sampler_is_the_plain_mean():
+    """Unbiasedness by construction: with biasing off every likelihood ratio is exactly 1, so the weighted
+    estimate is the plain mean; with biasing on, the ratios average to 1 (E_q[W] = 1) within their interval."""
+    rates = disk_only_rates(5.0, 30 * 24 * 3600.0)
+    plain = EpisodeSampler(rates, BROKERS, Biasing(q=0.0))
+    s = _stratum(plain, 500, np.random.default_rng(3))
+    assert np.allclose(s.weights, 1.0)
+    a, _ = yearly([s], "lost", 0)
+    assert a == pytest.approx(s.per_year * s.lost[:, 0].mean())
+    biased = EpisodeSampler(rates, BROKERS, Biasing(q=0.5))
+    w = _stratum(biased, 2000, np.random.default_rng(4)).weights
+    assert abs(w.mean() - 1) <= Z95 * w.std(ddof=1) / math.sqrt(len(w))
+    assert w.max() <= Biasing(q=0.5).max_weight
+
+
+def test_reweighting_to_other_rates_matches_sampling_at_those_rates():
+    """Sensitivity is exact re-weighting: episodes sampled at one AFR, re-weighted to 3× that AFR, estimate the
+    chain at 3× (the exact value lies in the interval)."""
+    afr = afr_for(1e-6)
+    rates = disk_only_rates(afr, REPAIR_MEAN_S)
+    sampler = EpisodeSampler(rates, BROKERS, Biasing(q=0.5))
+    alt = sampler.per_second * 3
+    s = _stratum(sampler, 3000, np.random.default_rng(11), per_second=alt)
+    s.per_year *= 3
+    a, se = yearly([s], "lost", 0)
+    exact = 3 * 3 * afr * absorption_from_one(3 * afr, SECONDS_PER_YEAR / REPAIR_MEAN_S)
+    assert abs(a - exact) <= Z95 * se, (a, se, exact)
+
+
+def test_no_loss_gives_a_bound_not_zero():
+    rates = disk_only_rates(AFR, 3600.0)
+    sampler = EpisodeSampler(rates, BROKERS, Biasing(q=0.5))
+    s = _stratum(sampler, 200, np.random.default_rng(5))
+    s.lost[:] = False
+    fig = policy_figures([s], 0, sampler.biasing.max_weight)
+    assert fig["bounded"] and fig["p_loss_per_year"]["estimate"] == 0.0
+    assert 0 < fig["p_loss_per_year"]["high"] < 1 and fig["nines"]["low"] > 0
