@@ -20,6 +20,7 @@ examples:
   replab generate --scenario k2-acks1-leader-crash --out traces/k2
   replab replay --trace traces/k2 --policy kafka-acks1 --policy kafka-durable --summary-json k2.json
   replab demo                                        the whole pipeline on the embedded default
+  replab durability --policy kafka-durable --budget-minutes 5   nines per year at the default failure rates
   replab testbed run --scenario testbed-leader-crash --policy kafka-acks1 --out tb   a real cluster beside it
 
 Policies are FAMILY[:param=value,...] or PRESET[:param=value,...], e.g. kafka:acks=1 or kafka-durable.
@@ -123,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="families or presets (kafka,dledger,...), or a grid such as "
                         "'kafka:replication_factor=2|3,min_insync_replicas=1|2,acks=1|all' (default: kafka)")
     p.add_argument("--no-reuse", action="store_true", help="run the sweep even if the lakehouse holds it")
+
+    p = command("durability", "nines per year of each policy at your failure rates: rare-event replay with "
+                "intervals", "pipelines.durability_job:cli")
+    from pipelines.durability_job import add_arguments as durability_arguments
+
+    durability_arguments(p)
 
     p = command("testbed", "replab's predictions beside a real Kafka cluster (SPEC §12)", "pipelines.testbed_job:cli")
     tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", parser_class=_Parser, required=True)

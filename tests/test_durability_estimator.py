@@ -68,7 +68,7 @@ def test_interval_covers_the_exact_markov_value(target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", [1e-3, 1e-5, 1e-7, 1e-9])
 def test_interval_covers_the_exact_markov_value_200(target):
-    coverage, bias = _coverage(target, reps=200, n=400, seed=100 + int(-math.log10(target)))
+    coverage, bias = _coverage(target, reps=200, n=1000, seed=100 + int(-math.log10(target)))
     assert coverage >= 0.93, coverage
     assert abs(bias) < 0.05, bias
 

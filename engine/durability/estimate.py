@@ -75,12 +75,23 @@ def renewal_denominator(strata: list[Stratum]) -> float:
 
 
 def yearly(strata: list[Stratum], column: str, policy: int) -> tuple[float, float]:
-    """(rate per year, its standard error) of a verdict column for one policy."""
+    """(rate per year, its standard error) of a verdict column for one policy.
+
+    For the loss indicator, a stratum whose episodes all agree (every whole-cluster power loss loses a policy
+    without fsync, and nothing can strike inside it, so every weight is 1) has a sample variance of 0 and would
+    claim no error; it gets w̄²·p̃(1 − p̃)/n instead, p̃ = (x + 2)/(n + 4) (Agresti-Coull's, x losing episodes
+    of n, w̄ the mean weight).
+    """
     a, var = 0.0, 0.0
     for s in strata:
         if s.n == 0 or s.per_year == 0:
             continue
-        m, v = _mean_var(s.weights, getattr(s, column)[:, policy].astype(np.float64))
+        y = getattr(s, column)[:, policy].astype(np.float64)
+        m, v = _mean_var(s.weights, y)
+        if column == "lost" and v == 0:
+            x = float(y.sum())
+            pt = (x + 2) / (s.n + 4)
+            v = float(s.weights.mean()) ** 2 * pt * (1 - pt) / s.n
         a += s.per_year * m
         var += s.per_year**2 * v
     return a, math.sqrt(var)

@@ -23,6 +23,10 @@ from generators.rates import Rates
 from replay.policies import Policy
 
 
+#: Episodes every stratum gets before the estimate may stop on its relative error.
+MIN_PER_STRATUM = 8
+
+
 @dataclass(frozen=True)
 class DurabilitySpec:
     """Everything a task needs (small; shipped in the function's closure)."""
@@ -128,7 +132,7 @@ class Estimate:
             if s.per_year <= 0:
                 need.append(0.0)
                 continue
-            if s.n < 4:
+            if s.n < MIN_PER_STRATUM:
                 need.append(math.inf)
                 continue
             z = s.weights[:, None] * s.lost
@@ -140,7 +144,10 @@ class Estimate:
         return [max(1, round(batch * x / total)) if x > 0 else 0 for x in need]
 
     def relative_error(self) -> float:
-        """The worst relative half-width of P(loss) over policies that lost something (inf if none did)."""
+        """The worst relative half-width of P(loss) over policies that lost something (inf if none did, or while a
+        stratum has fewer than MIN_PER_STRATUM episodes)."""
+        if any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in self.strata()):
+            return math.inf
         rel = [f["relative_half_width"] for f in self.figures() if not f["bounded"]]
         return max(rel) if rel else math.inf
 
