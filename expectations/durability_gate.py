@@ -56,7 +56,8 @@ def check_estimates(rows: list[dict[str, Any]], *, policies: int, metrics: int) 
 
     df = frame(rows)
     expectations = [
-        gx.expectations.ExpectTableRowCountToEqual(value=policies * metrics, description="one row per policy and metric"),
+        gx.expectations.ExpectTableRowCountToEqual(value=policies * metrics,
+                                                   description="one row per policy and metric"),
         gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=INDEX, description="no (policy, metric) twice"),
         *[gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=0, description=text,
                                                         meta={"check": c}) for c, text in CHECKS.items()],

@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lakehouse", default="lakehouse", metavar="DIR",
                    help="Delta tables root: durability_runs, durability_estimates (default ./lakehouse)")
     p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
-    p.add_argument("--experiment", default=None, metavar="NAME", help="MLflow experiment (default durability-<scenario>)")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="MLflow experiment (default durability-<scenario>)")
     p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
 
 

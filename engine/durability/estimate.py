@@ -9,8 +9,8 @@ the estimate of E[y | k] is the mean of w_i·y_i, its variance the sample varian
 By renewal reward (healthy stretches are exponential with total rate Λ, episodes last E[len]), a quantity y
 accrues per year at Σ_k Λ_k E[y | k] / (1 + Λ·E[len]). P(≥ 1 acknowledged message lost in a year) is
 1 − exp(−R) for the yearly rate R of losing episodes (their count in a year is nearly Poisson: an episode is
-minutes to days long). Intervals: normal, R ± 1.96·SE (the yearly denominator's own error is much smaller and
-left out), mapped through 1 − exp(−·).
+minutes to days long). Intervals: R ± 1.96·SE with a skewness correction (`interval`; the yearly denominator's own
+error is much smaller and left out), mapped through 1 − exp(−·).
 
 When no sampled episode of a policy lost anything, the estimate would be 0; the page shows a proven upper
 bound instead, the **weighted zero-failure bound**: within stratum k, E_p[L] = E_q[W·L] ≤ w_max·Q(L), where
@@ -97,8 +97,34 @@ def yearly(strata: list[Stratum], column: str, policy: int) -> tuple[float, floa
     return a, math.sqrt(var)
 
 
+def skewness(strata: list[Stratum], column: str, policy: int) -> float:
+    """Skewness of the stratified estimator Σ Λ_k·mean_k(w·y): its third cumulant Σ Λ_k³·μ3_k / n_k² over the
+    cube of its standard error."""
+    k3, var = 0.0, 0.0
+    for s in strata:
+        if s.n < 3 or s.per_year == 0:
+            continue
+        z = s.weights * getattr(s, column)[:, policy].astype(np.float64)
+        d = z - z.mean()
+        k3 += s.per_year**3 * float((d**3).mean()) / s.n**2
+        var += s.per_year**2 * float(z.var(ddof=1)) / s.n
+    return k3 / var**1.5 if var > 0 else 0.0
+
+
+def interval(a: float, se: float, skew: float = 0.0, denominator: float = 1.0) -> Interval:
+    """95 % interval for a mean with Johnson's skewness correction of the t interval (J. Amer. Statist. Assoc.
+    73, 1978; Hall, Ann. Statist. 20, 1992, gives its Edgeworth basis): [a − se·(z − g), a + se·(z + g)] with
+    g = skew·(2z² + 1)/6. Importance-sampling means are right-skewed (few heavy episodes carry the estimate),
+    and the plain normal interval then misses the true value too often (88-91 % in the Markov check at 1000
+    episodes); the correction widens the interval upwards where the data say the mean is fragile."""
+    g = skew * (2 * Z95**2 + 1) / 6
+    low = a - se * max(Z95 - g, 0.0)
+    high = a + se * (Z95 + max(g, 0.0))
+    return Interval(a / denominator, max(0.0, low) / denominator, high / denominator)
+
+
 def _interval(a: float, se: float, denominator: float) -> Interval:
-    return Interval(a / denominator, max(0.0, a - Z95 * se) / denominator, (a + Z95 * se) / denominator)
+    return interval(a, se, 0.0, denominator)
 
 
 def zero_failure_bound(strata: list[Stratum], max_weight: float, alpha: float = 0.05) -> float:
@@ -126,7 +152,7 @@ def policy_figures(strata: list[Stratum], policy: int, max_weight: float) -> dic
     total = float(contributions.sum())
     out: dict = {}
     if total > 0:
-        rate = _interval(a, se, den)
+        rate = interval(a, se, skewness(strata, "lost", policy), den)
         method = "importance sampling, normal 95 % interval"
         ess = total**2 / float((contributions**2).sum())
         share = float(contributions.max()) / total
@@ -160,5 +186,5 @@ def weight_diagnostics(strata: list[Stratum]) -> dict:
     w = np.concatenate([s.weights for s in strata if s.n]) if strata else np.zeros(0)
     if not len(w):
         return {"episodes": 0, "weight_ess": 0.0, "mean_weight": None}
-    return {"episodes": int(len(w)), "weight_ess": float(w.sum() ** 2 / (w**2).sum()),
+    return {"episodes": len(w), "weight_ess": float(w.sum() ** 2 / (w**2).sum()),
             "mean_weight": float(w.mean()), "max_weight": float(w.max())}

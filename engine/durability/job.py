@@ -131,7 +131,8 @@ def estimate_rows(report: DurabilityReport) -> list[dict[str, Any]]:
                          (num(iv["low"]) if m == "nines" else None),
                          "low": num(iv["low"]), "high": num(iv["high"]), "bounded": bool(fig["bounded"]),
                          "loss_ess": float(fig["loss_ess"]), "largest_weight_share":
-                         float(fig["loss_largest_weight_share"]), "losing_episodes": int(fig["losing_episodes_sampled"]),
+                         float(fig["loss_largest_weight_share"]),
+                         "losing_episodes": int(fig["losing_episodes_sampled"]),
                          "method": fig["method"]})
     return rows
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from engine.durability.episodes import HEAL, RESTART, Episode
 from generators.generate import build_plan, chunk_table, manifest_for
-from generators.model import Faults, FaultKind, Scenario, ScheduledFault
+from generators.model import FaultKind, Faults, Scenario, ScheduledFault
 from replay.families import family_of
 from replay.local import replay_local
 from replay.policies import Policy

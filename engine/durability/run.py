@@ -22,7 +22,6 @@ from generators.model import Scenario
 from generators.rates import Rates
 from replay.policies import Policy
 
-
 #: Episodes every stratum gets before the estimate may stop on its relative error.
 MIN_PER_STRATUM = 8
 
