@@ -19,7 +19,7 @@ import yaml
 
 import conf
 from generators.model import Dist, DistKind
-from generators.scenario import _display_path, _Reader
+from generators.scenario import Reader, display_path
 from schemas.errors import BadInput
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
@@ -116,7 +116,7 @@ def scale_dist(d: Dist, k: float) -> Dist:
 
 
 def parse_rates(raw: Any, *, file: str, default_name: str = "rates") -> Rates:
-    r = _Reader(file)
+    r = Reader(file)
     r.bad = lambda path, why: BadInput(f"key '{path}': {why}", file=file, rule="rates")  # type: ignore[method-assign]
     top = r.mapping(raw, "", ("name", "description", "processes"), ("processes",))
     procs = r.mapping(top["processes"], "processes", tuple(PROCESSES), tuple(PROCESSES))
@@ -157,7 +157,7 @@ def load_rates(spec: str | Path | None = None) -> Rates:
             names = sorted(x.stem for x in conf.path("rates").glob("*.yaml"))
             raise BadInput(f"unknown rates {spec!r}; shipped: {', '.join(names)} (or give a .yaml file)",
                            rule="rates")
-    shown = _display_path(p)
+    shown = display_path(p)
     if not p.is_file():
         raise BadInput("rates file does not exist", file=shown, rule="rates")
     try:
