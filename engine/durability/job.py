@@ -180,13 +180,18 @@ def run_durability(spark, request: DurabilityRequest, *, log: Callable[[str], No
 
 
 def _write_json(report: DurabilityReport) -> None:
-    report.json_path.write_text(json.dumps(report.to_json(), indent=2, default=_json_default) + "\n")
+    report.json_path.write_text(json.dumps(_plain(report.to_json()), indent=2, allow_nan=False, default=str) + "\n")
 
 
-def _json_default(v: Any) -> Any:
+def _plain(v: Any) -> Any:
+    """Strict JSON: infinite figures (infinite nines when P is 0) become null."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
-    return str(v)
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def _publish(spark, request: DurabilityRequest, report: DurabilityReport, started: dt.datetime) -> None:
