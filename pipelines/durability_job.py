@@ -98,6 +98,12 @@ def cli(args: argparse.Namespace) -> int:
     spark = get_spark("replab-durability")
     report = run_durability(spark, request, log=console.log)
     print_report(report, console)
+    import json
+
+    from report.durability import write_html
+
+    page = write_html(json.loads(report.json_path.read_text()), report.json_path.with_suffix(".html"))
+    console.print(f"page: {page}")
     return 0
 
 

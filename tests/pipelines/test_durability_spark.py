@@ -46,6 +46,11 @@ def test_durability_job_matches_in_process_and_writes_every_output(spark, tmp_pa
     assert [p["label"] for p in doc["policies"]] == LABELS
     assert all(p["mlflow_run_id"] for p in doc["policies"]) and doc["mlflow_parent_run_id"]
     assert doc["episodes"] == 7 and doc["sensitivity"]
+    from report.durability import write_html
+
+    page = write_html(doc, tmp_path / "out" / "durability.html").read_text()
+    assert page.count('id="sens-') == len({r["process"] for r in doc["sensitivity"]}) and 'id="nines"' in page
+    assert all(label in page for label in LABELS)
 
     from mlflow.tracking import MlflowClient
 
