@@ -130,3 +130,34 @@ def test_no_loss_gives_a_bound_not_zero():
     fig = policy_figures([s], 0, sampler.biasing.max_weight)
     assert fig["bounded"] and fig["p_loss_per_year"]["estimate"] == 0.0
     assert 0 < fig["p_loss_per_year"]["high"] < 1 and fig["nines"]["low"] > 0
+
+
+def test_replayed_verdict_equals_the_chain_absorption():
+    """The kernels' verdict on each episode's trace (kafka-durable: RF 3, acks=all, min ISR 2, three brokers) is
+    "acknowledged messages lost" exactly when the chain reaches 3 (all replicas lost at once): the episode
+    dynamics the Markov checks use are the ones the replay judges."""
+    import dataclasses
+
+    from engine.durability.judge import TraceShape, base_scenario, judge_episode
+    from generators.library import resolve_scenario
+    from replay.policies import parse_policy
+    from schemas.trace import Broker
+
+    demo = resolve_scenario("demo")
+    scenario = base_scenario(dataclasses.replace(demo, brokers=tuple(Broker(b, r) for b, r in BROKERS.items()),
+                                                 replication=dataclasses.replace(demo.replication, per_broker=())))
+    sampler = EpisodeSampler(disk_only_rates(5.0, 30 * 24 * 3600.0), BROKERS, Biasing(q=0.9))
+    rng = np.random.default_rng(21)
+    losing = safe = 0
+    for i in range(200):
+        ep = sampler.sample(sampler.index["disk_loss"], rng)
+        chain_loses = ep.max_down == 3
+        if (losing >= 3 and chain_loses) or (safe >= 4 and not chain_loses):
+            continue
+        (verdict,) = judge_episode(scenario, ep, [parse_policy("kafka-durable")], TraceShape(trace_rate_per_s=20.0),
+                                   i, i, 20.0)
+        assert verdict.lost == chain_loses, (i, ep.events)
+        losing, safe = losing + chain_loses, safe + (not chain_loses)
+        if losing >= 3 and safe >= 4:
+            break
+    assert losing >= 3 and safe >= 4
