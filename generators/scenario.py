@@ -87,7 +87,7 @@ from schemas.trace import Broker
 # Parsing
 
 
-class _Reader:
+class Reader:
     """Reads one decoded YAML document; every error names the file and the key path."""
 
     def __init__(self, file: str) -> None:
@@ -175,7 +175,7 @@ def _fmt(x: float) -> str:
 
 def parse_scenario(raw: Any, *, file: str, default_name: str | None = None) -> Scenario:
     """Validate a decoded scenario document into a `Scenario` (errors name `file` and the key path)."""
-    r = _Reader(file)
+    r = Reader(file)
     top = r.mapping(raw, "", ("name", "description", "cluster", "workload", "replication", "faults"),
                     ("description", "cluster", "workload"))
     name = top.get("name", default_name)
@@ -195,7 +195,7 @@ def parse_scenario(raw: Any, *, file: str, default_name: str | None = None) -> S
     return Scenario(name, description, brokers, workload, replication, faults, source=file)
 
 
-def _parse_cluster(r: _Reader, raw: Any) -> tuple[Broker, ...]:
+def _parse_cluster(r: Reader, raw: Any) -> tuple[Broker, ...]:
     got = r.mapping(raw, "cluster", ("brokers", "racks"), ("brokers",))
     spec = got["brokers"]
     if isinstance(spec, list):
@@ -223,7 +223,7 @@ def _parse_cluster(r: _Reader, raw: Any) -> tuple[Broker, ...]:
     return tuple(Broker(i, racks[i % len(racks)]) for i in range(count))
 
 
-def _parse_workload(r: _Reader, raw: Any) -> Workload:
+def _parse_workload(r: Reader, raw: Any) -> Workload:
     got = r.mapping(raw, "workload", ("duration_s", "rate_per_s", "shape", "producers", "keys", "size_bytes"),
                     ("duration_s", "rate_per_s"))
     duration_s = r.number(got["duration_s"], "workload.duration_s", gt=0, le=MAX_DURATION_S)
@@ -244,7 +244,7 @@ def _parse_workload(r: _Reader, raw: Any) -> Workload:
     return Workload(duration_s, rate, shape, producers, keys, size)
 
 
-def _parse_shape(r: _Reader, raw: Any) -> RateShape:
+def _parse_shape(r: Reader, raw: Any) -> RateShape:
     if raw is None:
         return RateShape()
     if not isinstance(raw, Mapping) or "kind" not in raw:
@@ -268,7 +268,7 @@ def _parse_shape(r: _Reader, raw: Any) -> RateShape:
 _BEHAVIOUR_KEYS = ("fetch_interval_ms", "fetch_jitter_ms", "delay_ms", "catchup_speed", "slow_follower", "gc_pause")
 
 
-def _parse_behaviour(r: _Reader, got: dict, path: str, base: ReplicationBehaviour) -> ReplicationBehaviour:
+def _parse_behaviour(r: Reader, got: dict, path: str, base: ReplicationBehaviour) -> ReplicationBehaviour:
     interval = base.fetch_interval_ms
     if "fetch_interval_ms" in got:
         interval = r.number(got["fetch_interval_ms"], _join(path, "fetch_interval_ms"), ge=0.01, le=3_600_000)
@@ -298,7 +298,7 @@ def _parse_behaviour(r: _Reader, got: dict, path: str, base: ReplicationBehaviou
     return ReplicationBehaviour(interval, jitter, delay, speed, episodes["slow_follower"], episodes["gc_pause"])
 
 
-def _parse_replication(r: _Reader, raw: Any, ids: tuple[int, ...], duration_ms: float) -> Replication:
+def _parse_replication(r: Reader, raw: Any, ids: tuple[int, ...], duration_ms: float) -> Replication:
     got = r.mapping(raw, "replication", (*_BEHAVIOUR_KEYS, "brokers", "stalls"))
     default = _parse_behaviour(r, got, "replication", ReplicationBehaviour())
     per_broker = []
@@ -327,7 +327,7 @@ def _parse_replication(r: _Reader, raw: Any, ids: tuple[int, ...], duration_ms: 
     return Replication(default, tuple(sorted(per_broker)), tuple(stalls))
 
 
-def _parse_faults(r: _Reader, raw: Any, brokers: tuple[Broker, ...], duration_ms: float) -> Faults:
+def _parse_faults(r: Reader, raw: Any, brokers: tuple[Broker, ...], duration_ms: float) -> Faults:
     got = r.mapping(raw, "faults", ("scheduled", "random"))
     scheduled = _parse_scheduled(r, got.get("scheduled") or [], brokers, duration_ms)
     rnd = r.mapping(got.get("random"), "faults.random", RANDOM_FAULT_KINDS)
@@ -349,7 +349,7 @@ def _parse_faults(r: _Reader, raw: Any, brokers: tuple[Broker, ...], duration_ms
     return Faults(scheduled, tuple(random_faults))
 
 
-def _parse_scheduled(r: _Reader, items: Any, brokers: tuple[Broker, ...], duration_ms: float
+def _parse_scheduled(r: Reader, items: Any, brokers: tuple[Broker, ...], duration_ms: float
                      ) -> tuple[ScheduledFault, ...]:
     if not isinstance(items, list):
         raise r.bad("faults.scheduled", "must be a list of {at_ms, kind, broker|brokers|rack}")
@@ -406,7 +406,7 @@ def _parse_scheduled(r: _Reader, items: Any, brokers: tuple[Broker, ...], durati
 
 def load_scenario_file(path: str | Path) -> Scenario:
     p = Path(path)
-    shown = _display_path(p)
+    shown = display_path(p)
     if not p.is_file():
         raise BadInput("scenario file does not exist", file=shown, rule="scenario")
     try:
@@ -419,7 +419,7 @@ def load_scenario_file(path: str | Path) -> Scenario:
     return parse_scenario(raw, file=shown, default_name=p.stem.lower())
 
 
-def _display_path(p: Path) -> str:
+def display_path(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:

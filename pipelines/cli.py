@@ -20,6 +20,7 @@ examples:
   replab generate --scenario k2-acks1-leader-crash --out traces/k2
   replab replay --trace traces/k2 --policy kafka-acks1 --policy kafka-durable --summary-json k2.json
   replab demo                                        the whole pipeline on the embedded default
+  replab durability --policy kafka-durable --budget-minutes 5   nines per year at the default failure rates
   replab testbed run --scenario testbed-leader-crash --policy kafka-acks1 --out tb   a real cluster beside it
 
 Policies are FAMILY[:param=value,...] or PRESET[:param=value,...], e.g. kafka:acks=1 or kafka-durable.
@@ -123,6 +124,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="families or presets (kafka,dledger,...), or a grid such as "
                         "'kafka:replication_factor=2|3,min_insync_replicas=1|2,acks=1|all' (default: kafka)")
     p.add_argument("--no-reuse", action="store_true", help="run the sweep even if the lakehouse holds it")
+
+    p = command("durability", "nines per year of each policy at your failure rates: rare-event replay with "
+                "intervals", "pipelines.durability_job:cli")
+    p.add_argument("--scenario", default="demo", metavar="NAME|FILE.yaml",
+                   help="the cluster, workload and follower behaviour (its own faults are ignored; default demo)")
+    p.add_argument("--cluster", default=None, metavar="BROKERSxRACKS",
+                   help="override the scenario's cluster, e.g. 6x3: 6 brokers in 3 racks")
+    p.add_argument("--rates", default=None, metavar="NAME|FILE.yaml",
+                   help="failure rates (default conf/rates/default.yaml)")
+    p.add_argument("--policy", action="append", metavar="SPEC",
+                   help="FAMILY[:k=v,...] or PRESET[:k=v,...]; repeat (default: every preset)")
+    p.add_argument("--target-rel-error", type=float, default=0.2, metavar="X",
+                   help="stop when every policy's P(loss) has a relative half-width <= X (default 0.2)")
+    p.add_argument("--budget-minutes", type=float, default=10.0, metavar="M", help="stop after M minutes (default 10)")
+    p.add_argument("--max-episodes", type=int, default=100_000, metavar="N", help="stop after N episodes")
+    p.add_argument("--batch", type=int, default=None, metavar="N", help="episodes per round (default 4 per core)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--trace-rate", type=float, default=50.0, metavar="MSG_PER_S",
+                   help="message rate of the episodes' traces; counts are scaled to the scenario's rate (default 50)")
+    p.add_argument("--max-gap-s", type=float, default=150.0, metavar="S",
+                   help="longest quiet stretch kept in an episode's trace (default 150)")
+    p.add_argument("--out", default="durability", metavar="DIR", help="where durability.json goes")
+    p.add_argument("--lakehouse", default="lakehouse", metavar="DIR",
+                   help="Delta tables root: durability_runs, durability_estimates (default ./lakehouse)")
+    p.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="MLflow experiment (default durability-<scenario>)")
+    p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
 
     p = command("testbed", "replab's predictions beside a real Kafka cluster (SPEC §12)", "pipelines.testbed_job:cli")
     tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", parser_class=_Parser, required=True)

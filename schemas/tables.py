@@ -224,6 +224,24 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in (
                     "broke a fatal rule), the trace gate's counts, optional per-window series",
     ),
     TableSpec(
+        "durability_runs",
+        "durability_id STRING NOT NULL, scenario STRING NOT NULL, rates STRING NOT NULL, rates_json STRING, "
+        "policies ARRAY<STRING>, method STRING NOT NULL, episodes BIGINT NOT NULL, episodes_per_stratum STRING, "
+        "cpu_seconds DOUBLE, wall_seconds DOUBLE, weight_ess DOUBLE, status STRING NOT NULL, "
+        "started_at TIMESTAMP, finished_at TIMESTAMP, replab_version STRING NOT NULL",
+        run_key="durability_id", properties=_SMALL,
+        description="one row per `replab durability` run: failure rates, method, episodes, time",
+    ),
+    TableSpec(
+        "durability_estimates",
+        "durability_id STRING NOT NULL, policy STRING NOT NULL, label STRING, metric STRING NOT NULL, "
+        "estimate DOUBLE, low DOUBLE, high DOUBLE, bounded BOOLEAN NOT NULL, loss_ess DOUBLE, "
+        "largest_weight_share DOUBLE, losing_episodes INT, method STRING",
+        run_key="durability_id", properties=_SMALL,
+        description="per durability run, policy and yearly metric: estimate and 95 % interval (an upper bound "
+                    "only when bounded), effective sample size",
+    ),
+    TableSpec(
         "validations",
         "validation_id STRING NOT NULL, run_id STRING, trace_id STRING NOT NULL, suite STRING NOT NULL, "
         "target STRING NOT NULL, success BOOLEAN NOT NULL, evaluated INT, successful INT, unexpected_rows BIGINT, "

@@ -1,0 +1,206 @@
+"""The estimator's driver without Spark: episodes in rounds, allocation, yearly figures, sensitivity.
+
+`episode_rows` is what one Spark task runs for a batch of episode numbers (`engine.durability.job`); here the
+same function runs in-process, so the estimator is testable without a cluster. Episode (stratum k, number i)
+draws from its own random stream (seed, k, i), so a result does not depend on how episodes were batched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.durability.episodes import Biasing, Episode, EpisodeSampler, initial_rates_per_year
+from engine.durability.estimate import Stratum, policy_figures, weight_diagnostics
+from engine.durability.judge import TraceShape, Verdict, base_scenario, judge_episode
+from generators.model import Scenario
+from generators.rates import Rates
+from replay.policies import Policy
+
+#: Episodes every stratum gets before the estimate may stop on its relative error.
+MIN_PER_STRATUM = 8
+
+
+@dataclass(frozen=True)
+class DurabilitySpec:
+    """Everything a task needs (small; shipped in the function's closure)."""
+
+    scenario: Scenario
+    rates: Rates
+    policies: tuple[Policy, ...]
+    biasing: Biasing = Biasing()
+    shape: TraceShape = TraceShape()
+    seed: int = 0
+
+    def sampler(self) -> EpisodeSampler:
+        return EpisodeSampler(self.rates, {b.id: b.rack for b in self.scenario.brokers}, self.biasing)
+
+    def per_year(self) -> np.ndarray:
+        return initial_rates_per_year(self.rates, len(self.scenario.brokers), len(self.scenario.racks))
+
+
+Judge = Callable[[Episode, int, int], list[Verdict]]
+
+
+def kernel_judge(spec: DurabilitySpec) -> Judge:
+    base = base_scenario(spec.scenario)
+
+    def judge(episode: Episode, stratum: int, index: int) -> list[Verdict]:
+        seed = (spec.seed * 1_000_003 + stratum * 10_000_019 + index) % (2**63)
+        return judge_episode(base, episode, spec.policies, spec.shape, stratum * 10_000_000 + index, seed,
+                             spec.scenario.workload.rate_per_s)
+
+    return judge
+
+
+def episode_rows(spec: DurabilitySpec, work: Iterable[tuple[int, int]], judge: Judge | None = None
+                 ) -> list[dict[str, Any]]:
+    """Sample and judge episodes (stratum, index): one row per episode, every policy's verdict in lists."""
+    sampler = spec.sampler()
+    judge = judge or kernel_judge(spec)
+    rows = []
+    for k, i in work:
+        started = time.process_time()
+        ep = sampler.sample(k, np.random.default_rng([spec.seed, k, i]))
+        verdicts = judge(ep, k, i)
+        rows.append({
+            "stratum": k, "episode": i, "log_q": ep.log_q, "counts": ep.counts.tolist(),
+            "exposure_s": ep.exposure_s.tolist(), "length_s": ep.length_s, "faults": len(ep.events),
+            "max_down": ep.max_down, "truncated": ep.truncated,
+            "lost": [v.lost for v in verdicts], "acked_lost": [v.acked_lost for v in verdicts],
+            "unavailable_s": [v.unavailable_s for v in verdicts],
+            "failed_committed": [v.failed_committed for v in verdicts],
+            "cpu_seconds": time.process_time() - started,
+        })
+    return rows
+
+
+def strata_of(rows: Sequence[dict[str, Any]], n_strata: int, per_year: np.ndarray, per_second: np.ndarray,
+              n_policies: int) -> list[Stratum]:
+    """Group episode rows by stratum, weighting each to the rates `per_second` (the model's or another's)."""
+    out = []
+    for k in range(n_strata):
+        rs = [r for r in rows if r["stratum"] == k]
+        w = np.array([math.exp(_log_p(r, per_second) - r["log_q"]) for r in rs])
+
+        def col(name: str, rs: list = rs) -> np.ndarray:
+            return np.array([r[name] for r in rs], dtype=np.float64).reshape(len(rs), n_policies)
+
+        out.append(Stratum(float(per_year[k]), w, np.array([r["length_s"] for r in rs], dtype=np.float64),
+                           col("lost") > 0, col("acked_lost"), col("unavailable_s"), col("failed_committed")))
+    return out
+
+
+def _log_p(row: dict[str, Any], per_second: np.ndarray) -> float:
+    counts = np.asarray(row["counts"])
+    exposure = np.asarray(row["exposure_s"])
+    if np.any((counts > 0) & (per_second <= 0)):
+        return -math.inf
+    with np.errstate(divide="ignore"):
+        logs = np.where(counts > 0, np.log(np.where(per_second > 0, per_second, 1.0)), 0.0)
+    return float(np.sum(counts * logs - per_second * exposure))
+
+
+@dataclass
+class Estimate:
+    spec: DurabilitySpec
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def strata(self, rates: Rates | None = None) -> list[Stratum]:
+        rates = rates or self.spec.rates
+        brokers, racks = len(self.spec.scenario.brokers), len(self.spec.scenario.racks)
+        per_second = np.array([p.per_second for p in rates.processes])
+        return strata_of(self.rows, len(rates.processes), initial_rates_per_year(rates, brokers, racks), per_second,
+                         len(self.spec.policies))
+
+    def figures(self, rates: Rates | None = None) -> list[dict[str, Any]]:
+        strata = self.strata(rates)
+        return [policy_figures(strata, j, self.spec.biasing.max_weight) for j in range(len(self.spec.policies))]
+
+    def allocation(self, batch: int) -> list[int]:
+        """Episodes per stratum for the next round: Neyman-like, ∝ Λ_k × the largest relative spread any policy
+        has there, at least one each (strata with Λ_k = 0 get none)."""
+        strata = self.strata()
+        need = []
+        for s in strata:
+            if s.per_year <= 0:
+                need.append(0.0)
+                continue
+            if s.n < MIN_PER_STRATUM:
+                need.append(math.inf)
+                continue
+            z = s.weights[:, None] * s.lost
+            spread = z.std(axis=0, ddof=1).max()
+            need.append(s.per_year * max(spread, 1e-12) / math.sqrt(s.n))
+        if any(math.isinf(x) for x in need):
+            return [math.ceil(batch / sum(math.isinf(x) for x in need)) if math.isinf(x) else 0 for x in need]
+        total = sum(need)
+        return [max(1, round(batch * x / total)) if x > 0 else 0 for x in need]
+
+    def relative_error(self) -> float:
+        """The worst relative half-width of P(loss) over policies that lost something (inf if none did, or while a
+        stratum has fewer than MIN_PER_STRATUM episodes)."""
+        if any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in self.strata()):
+            return math.inf
+        rel = [f["relative_half_width"] for f in self.figures() if not f["bounded"]]
+        return max(rel) if rel else math.inf
+
+    def summary(self) -> dict[str, Any]:
+        strata = self.strata()
+        cpu = sum(r["cpu_seconds"] for r in self.rows)
+        return {**weight_diagnostics(strata), "episodes_per_stratum": {p.name: s.n for p, s in
+                                                                     zip(self.spec.rates.processes, strata,
+                                                                         strict=True)},
+                "cpu_seconds": cpu, "episodes_per_cpu_second": len(self.rows) / cpu if cpu else None,
+                "truncated": int(sum(r["truncated"] for r in self.rows))}
+
+
+def next_work(est: Estimate, batch: int) -> list[tuple[int, int]]:
+    """The (stratum, index) pairs of the next round."""
+    done = {k: 0 for k in range(len(est.spec.rates.processes))}
+    for r in est.rows:
+        done[r["stratum"]] = max(done[r["stratum"]], r["episode"] + 1)
+    return [(k, done[k] + i) for k, n in enumerate(est.allocation(batch)) for i in range(n)]
+
+
+#: Rate multipliers the sensitivity tables re-weight to (per process; disk AFR spans 0.5 %-13 % as drive stats do).
+SENSITIVITY = {
+    "disk_loss": (0.3, 1.0, 3.0, 8.3),
+    "crash": (0.25, 1.0, 4.0),
+    "power_loss": (0.25, 1.0, 4.0),
+    "rack_power_loss": (0.25, 1.0, 4.0),
+    "cluster_power_loss": (0.1, 1.0, 4.0),
+    "isolate": (0.25, 1.0, 4.0),
+}
+
+
+def sensitivity(est: Estimate) -> list[dict[str, Any]]:
+    """P(loss per year) and nines per policy with one process's rate multiplied, by re-weighting (no new
+    episodes; the effective sample size says how far the re-weighting can be trusted)."""
+    out = []
+    for name, factors in SENSITIVITY.items():
+        base = est.spec.rates[name].per_year
+        for f in factors:
+            rates = est.spec.rates.scaled(rate={name: f})
+            for policy, fig in zip(est.spec.policies, est.figures(rates), strict=True):
+                out.append({"process": name, "factor": f, "per_year": base * f, "policy": policy.canonical(),
+                            "p_loss_per_year": fig["p_loss_per_year"], "nines": fig["nines"],
+                            "loss_ess": fig["loss_ess"], "bounded": fig["bounded"]})
+    return out
+
+
+def estimate_local(spec: DurabilitySpec, *, episodes: int, batch: int = 32, target_rel_error: float | None = None,
+                   judge: Judge | None = None) -> Estimate:
+    """Rounds of `batch` episodes in-process until `episodes` or the target relative error."""
+    est = Estimate(spec)
+    while len(est.rows) < episodes:
+        work = next_work(est, min(batch, episodes - len(est.rows)))
+        est.rows.extend(episode_rows(spec, work, judge))
+        if target_rel_error is not None and est.relative_error() <= target_rel_error:
+            break
+    return est
