@@ -10,7 +10,7 @@ import pytest
 from engine.durability.episodes import Biasing, EpisodeSampler
 from engine.durability.estimate import Z95, Stratum, interval, policy_figures, skewness, yearly
 from generators.rates import SECONDS_PER_YEAR
-from tests.durability_markov import (
+from tests.engine.durability_markov import (
     BROKERS,
     REPAIR_MEAN_S,
     absorption_from_one,
