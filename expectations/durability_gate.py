@@ -11,13 +11,11 @@ A failure raises GateFailed (exit 3) after writing the report under `_reports/du
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from typing import Any
 
 from expectations import runner
-from expectations.sweep_gate import SweepGateReport
-from schemas.errors import GateFailed
+from expectations.sweep_gate import SweepGateReport, publish_gate_report
 
 SUITE = "durability_gate"
 INDEX = ["policy", "metric"]
@@ -75,21 +73,6 @@ def check_estimates(rows: list[dict[str, Any]], *, policies: int, metrics: int) 
 
 def run_durability_gate(rows: list[dict[str, Any]], *, durability_id: str, policies: int, metrics: int,
                         lakehouse=None) -> SweepGateReport:
-    from expectations.report import report_dir, write_report
-
     report = check_estimates(rows, policies=policies, metrics=metrics)
-    if lakehouse is not None:
-        payload = {"suite": SUITE, "trace_id": durability_id, "run_ids": [], "success": report.success,
-                   "created_at": dt.datetime.now(dt.UTC).isoformat(),
-                   "message": "; ".join(report.failures) or None, "validations": [report.result]}
-        paths = write_report(report_dir(lakehouse.reports_root, SUITE, durability_id, None), payload)
-        report.report_html = str(paths.html_path)
-        stats = report.result.get("statistics", {})
-        lakehouse.record_validations([{
-            "run_id": None, "trace_id": durability_id, "suite": SUITE, "target": "durability_estimates",
-            "success": report.success, "evaluated": stats.get("evaluated_expectations", 0),
-            "successful": stats.get("successful_expectations", 0), "unexpected_rows": None,
-            "report_path": report.report_html}])
-    if not report.success:
-        raise GateFailed(f"durability {durability_id}: " + "; ".join(report.failures), report_path=report.report_html)
-    return report
+    return publish_gate_report(report, suite=SUITE, key=durability_id, target="durability_estimates",
+                               what="durability", lakehouse=lakehouse)

@@ -87,21 +87,29 @@ def check_sweep_results(rows, *, seeds: int, policies: int) -> SweepGateReport:
 
 def run_sweep_gate(rows, *, sweep_id: str, seeds: int, policies: int, lakehouse=None) -> SweepGateReport:
     """Check, write the report and the `validations` row (trace_id = the sweep id), raise GateFailed on failure."""
+    report = check_sweep_results(rows, seeds=seeds, policies=policies)
+    return publish_gate_report(report, suite=SUITE, key=sweep_id, target="sweep_results", what="sweep",
+                               lakehouse=lakehouse)
+
+
+def publish_gate_report(report: SweepGateReport, *, suite: str, key: str, target: str, what: str,
+                        lakehouse=None) -> SweepGateReport:
+    """A job-level gate's outcome (sweep, durability): its report under `_reports/<suite>/<key>/` and a
+    `validations` row (trace_id = `key`) when there is a lakehouse; GateFailed (exit 3) when it failed."""
     from expectations.report import report_dir, write_report
 
-    report = check_sweep_results(rows, seeds=seeds, policies=policies)
     if lakehouse is not None:
-        payload = {"suite": SUITE, "trace_id": sweep_id, "run_ids": [], "success": report.success,
+        payload = {"suite": suite, "trace_id": key, "run_ids": [], "success": report.success,
                    "created_at": dt.datetime.now(dt.UTC).isoformat(),
                    "message": "; ".join(report.failures) or None, "validations": [report.result]}
-        paths = write_report(report_dir(lakehouse.reports_root, SUITE, sweep_id, None), payload)
+        paths = write_report(report_dir(lakehouse.reports_root, suite, key, None), payload)
         report.report_html = str(paths.html_path)
         stats = report.result.get("statistics", {})
         lakehouse.record_validations([{
-            "run_id": None, "trace_id": sweep_id, "suite": SUITE, "target": "sweep_results",
+            "run_id": None, "trace_id": key, "suite": suite, "target": target,
             "success": report.success, "evaluated": stats.get("evaluated_expectations", 0),
             "successful": stats.get("successful_expectations", 0),
             "unexpected_rows": None, "report_path": report.report_html}])
     if not report.success:
-        raise GateFailed(f"sweep {sweep_id}: " + "; ".join(report.failures), report_path=report.report_html)
+        raise GateFailed(f"{what} {key}: " + "; ".join(report.failures), report_path=report.report_html)
     return report

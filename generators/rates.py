@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import conf
 from generators.model import Dist, DistKind
-from generators.scenario import Reader, display_path
+from generators.scenario import Reader, read_yaml_file
 from schemas.errors import BadInput
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
@@ -157,13 +155,7 @@ def load_rates(spec: str | Path | None = None) -> Rates:
             names = sorted(x.stem for x in conf.path("rates").glob("*.yaml"))
             raise BadInput(f"unknown rates {spec!r}; shipped: {', '.join(names)} (or give a .yaml file)",
                            rule="rates")
-    shown = display_path(p)
-    if not p.is_file():
-        raise BadInput("rates file does not exist", file=shown, rule="rates")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise BadInput(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=shown, rule="rates") from exc
+    raw, shown = read_yaml_file(p, what="rates")
     return parse_rates(raw, file=shown, default_name=p.stem)
 
 

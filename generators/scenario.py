@@ -404,18 +404,23 @@ def _parse_scheduled(r: Reader, items: Any, brokers: tuple[Broker, ...], duratio
 # Loading
 
 
-def load_scenario_file(path: str | Path) -> Scenario:
-    p = Path(path)
+def read_yaml_file(p: Path, *, what: str) -> tuple[Any, str]:
+    """A YAML input file's content and its path as shown in errors; BadInput (rule `what`) naming the file, and
+    the line where the YAML breaks, when it is missing or not YAML."""
     shown = display_path(p)
     if not p.is_file():
-        raise BadInput("scenario file does not exist", file=shown, rule="scenario")
+        raise BadInput(f"{what} file does not exist", file=shown, rule=what)
     try:
-        raw = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text()), shown
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=shown,
-                       rule="scenario") from exc
+        raise BadInput(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=shown, rule=what) from exc
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    p = Path(path)
+    raw, shown = read_yaml_file(p, what="scenario")
     return parse_scenario(raw, file=shown, default_name=p.stem.lower())
 
 
