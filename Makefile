@@ -15,7 +15,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := true
 
-.PHONY: demo test test-slow bench lint fmt dist lock clean venv testbed browser
+.PHONY: demo test test-slow bench lint fmt dist lock clean venv testbed browser docs
 
 venv: $(STAMP)
 
@@ -63,6 +63,10 @@ browser:
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The documentation site (MkDocs, Material theme), warnings as errors; tests/docs/test_site.py builds it too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d .cache/site
 
 # `ruff check` only: the code is wrapped by hand at 120 columns (tables of events, aligned rows), which
 # `ruff format` would undo, so the formatter is not part of the contract.

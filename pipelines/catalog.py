@@ -66,6 +66,15 @@ def policies_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def scenarios_markdown(rows: list[tuple[str, str]] | None = None) -> str:
+    """The scenario library as a Markdown table (`replab scenarios --format markdown`; docs/reference/scenarios.md)."""
+    from generators.library import list_scenarios
+
+    rows = list_scenarios() if rows is None else rows
+    cells = [f"| `{name}` | {desc.replace('|', '/')} |" for name, desc in rows]
+    return "\n".join(["| scenario | description |", "|---|---|", *cells]) + "\n"
+
+
 def scenarios_cli(args: argparse.Namespace) -> int:
     from generators.library import list_scenarios
 
@@ -73,9 +82,7 @@ def scenarios_cli(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([{"name": n, "description": d} for n, d in rows], indent=1))
     elif args.format == "markdown":
-        print("| scenario | description |\n|---|---|")
-        for name, desc in rows:
-            print(f"| {name} | {desc} |")
+        print(scenarios_markdown(rows), end="")
     else:
         table = Table(title="scenario library (conf/scenarios)", title_justify="left")
         table.add_column("scenario")

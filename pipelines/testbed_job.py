@@ -98,25 +98,26 @@ SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("testbed-session-timeout", (ACKS1, DURABLE)),
 )
 BEGIN, END = "<!-- testbed-table:begin -->", "<!-- testbed-table:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+#: The docs page whose agreement table `make testbed` rewrites (between BEGIN and END).
+AGREEMENT_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "testbed.md"
 
 
-def rewrite_readme(rows, wall: dict[str, float], readme: Path = README) -> None:
-    text = readme.read_text()
+def rewrite_agreement_table(rows, wall: dict[str, float], page: Path = AGREEMENT_PAGE) -> None:
+    text = page.read_text()
     if BEGIN not in text or END not in text:
-        raise ReplabError(f"{readme}: the testbed section's markers {BEGIN} … {END} are missing")
+        raise ReplabError(f"{page}: the testbed section's markers {BEGIN} … {END} are missing")
     when = time.strftime("%Y-%m-%d", time.gmtime())
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items())
     table = (f"{BEGIN}\n*From `make testbed` on {when} (wall time per scenario: {timing}). Each cell is "
              f"predicted / observed.*\n\n{markdown_table(rows)}{END}")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(head + table + tail)
+    page.write_text(head + table + tail)
 
 
 def suite_main(argv: list[str] | None = None) -> int:
     """`make testbed`: every testbed scenario of SPEC §12 on a real cluster (one Spark session for the set),
-    then the README table between its markers (the text around it is written by hand)."""
+    then the agreement table of docs/guides/testbed.md between its markers (the text around it is written by hand)."""
     from replay.policies import parse_policy
     from report.terminal import console as terminal
     from storage.session import get_spark
@@ -124,7 +125,7 @@ def suite_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.testbed_job")
     ap.add_argument("--out", default="testbed-runs", help="run folders, lakehouse and MLflow store")
     ap.add_argument("--only", action="append", default=None, metavar="SCENARIO")
-    ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--no-page", action="store_true", help="leave docs/guides/testbed.md as it is")
     args = ap.parse_args(argv)
     console = terminal()
     out = Path(args.out).resolve()
@@ -147,9 +148,9 @@ def suite_main(argv: list[str] | None = None) -> int:
         print_cases(result.cases, console)
         wall[scenario] = result.wall_s["total_s"]
     rows = agreement_rows(lakehouse)
-    if not args.no_readme:
-        rewrite_readme(rows, wall)
-        console.print(f"README: {len(rows)} rows rewritten")
+    if not args.no_page:
+        rewrite_agreement_table(rows, wall)
+        console.print(f"{AGREEMENT_PAGE}: {len(rows)} rows rewritten")
     return 0
 
 
