@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-# Delta's jars are resolved from Maven Central once and kept here; later sessions start offline.
+# Delta's jars are resolved from Maven Central once and kept here; later runs start offline.
 export REPLAB_JARS_DIR ?= $(CURDIR)/.cache/jars
 # numba's compiled kernels are cached here (first call compiles, later processes load).
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
@@ -31,8 +31,8 @@ demo: $(STAMP)
 
 # The suite on two xdist workers (a test file is one unit of work, tests/conftest.py) and, beside it, the
 # testbed's fast case: a real Kafka cluster on a 60-second timeline that needs about half a core, so it runs at
-# normal priority and the suite's processes at nice 10 take what it leaves (its sampling and loss agreement hold;
-# bench/HISTORY.md, twelfth session). Its output follows the suite's; either failing fails `make test`.
+# normal priority and the suite's processes at nice 10 take what it leaves.
+# Its output follows the suite's; either failing fails `make test`.
 TEST_WORKERS ?= 2
 TESTBED_LOG := .cache/test-testbed.log
 test: $(STAMP)

@@ -1,4 +1,4 @@
-"""The fixed cost of a replay (issue 15): `replab replay` of a three-message trace against a bare SparkSession.
+"""The fixed cost of a replay (SPEC §10): `replab replay` of a three-message trace against a bare SparkSession.
 
     python -m bench.fixed_cost_bench                     # one bare session, one replay into a new lakehouse,
                                                          # one into the same (existing) lakehouse
@@ -26,7 +26,7 @@ Spark jobs per step come from the run's Spark event log (`spark.eventLog.enabled
 a figure that does not depend on the machine's load, unlike the seconds.
 
 Laziness blurs the line between windows and output gate: the windows' frames are computed by the gate's first
-Spark job. The ratio replay / bare is issue 15's target (<= 2 with the new lakehouse).
+Spark job. The ratio replay / bare is SPEC §10's target (<= 2 with the new lakehouse).
 """
 
 from __future__ import annotations

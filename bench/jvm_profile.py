@@ -1,4 +1,4 @@
-"""Where the driver JVM's CPU goes in a small replay in a session that stays up (issue 15's fixed cost).
+"""Where the driver JVM's CPU goes in a small replay in a session that stays up (SPEC §10's fixed cost).
 
     python -m bench.jvm_profile                          # 4 replays of a 3-message trace in one session
     python -m bench.jvm_profile --codegen-cache 100      # with Spark's default codegen cache, for comparison

@@ -14,13 +14,12 @@ scale²) generated in-process, and `dledger5-double-failure` (faults). No Spark:
 single-threaded. For each policy: routing (the family's `route` over all produce events), the kernels of every
 unit (one pass, then in 10 s chunks with carried state) and, on a smaller trace, the reference interpreter.
 events/s = trace rows / seconds, where a unit's kernel reads its own messages and its replicas' broker events, as
-the Spark job feeds it (`replay.events.hosted_rows`; before 2026-11-28 every broker event of the trace, in every
-unit).
+the Spark job feeds it (`replay.events.hosted_rows`).
 
 Compiled kernels (numba, `@njit(cache=True)` under NUMBA_CACHE_DIR) compile or load from the cache on their first
 call: that first-call overhead is reported apart (`compile_s`, the warm-up run minus a steady run) and excluded
 from the per-event figures. Each kernel figure is the lowest of `--repeat` runs (default 3): a single run read up
-to 1.6x slower than the next ones (kafka-acks0, the first preset, 2026-11-26). `rate_ratio` is the kernel's
+to 1.6x slower than the next ones (the first preset). `rate_ratio` is the kernel's
 events/s over the reference's events/s (each on its own trace size); `speedup` is the time ratio on the same small
 trace.
 """
@@ -174,14 +173,14 @@ def main() -> None:
 
         # A scenario's own scale is a few thousand events, where a kernel call's fixed cost (Python around the
         # compiled loop, the control points) is most of its time: its events/s are measured at a throughput size,
-        # the reference's on the small trace, as on the steady trace (issue 15: the ratio of the two rates).
+        # the reference's on the small trace, as on the steady trace (SPEC §10: the ratio of the two rates).
         def kernel_scale(name: str) -> float:
             if not args.kernel_events:
                 return args.reference_scale
             return max(args.reference_scale, scale_for(resolve_scenario(name), int(args.kernel_events)))
 
         # At a scenario's own scale (a few thousand events) the reference is timed for 10-60 ms and keeps few
-        # messages pending, and reads 2-5x its rate on traces over 50 k events (bench/HISTORY.md, eighth session):
+        # messages pending, and reads 2-5x its rate on traces over 50 k events (bench/HISTORY.md):
         # --reference-events times it on a trace of the size where its rate has settled.
         def reference_scale(name: str) -> float:
             if not args.reference_events:

@@ -33,7 +33,7 @@ def vm_hwm_mb(pid: int) -> float | None:
 
 
 def descendants(root: int | None) -> list[int]:
-    """Processes under `root` (this session's Python daemon and workers; other sessions on the machine have
+    """Processes under `root` (this Spark session's Python daemon and workers; other sessions on the machine have
     their own JVM and are not counted)."""
     if root is None:
         return []

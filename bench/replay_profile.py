@@ -1,4 +1,4 @@
-"""Where a replay's time goes, step by step (issue 15): `replab replay` of a scenario's trace, profiled from its
+"""Where a replay's time goes, step by step (SPEC §10): `replab replay` of a scenario's trace, profiled from its
 progress lines, Spark's event log and /proc (bench/spark_profile.py).
 
     python -m bench.replay_profile          # the demo's replay: `demo` at scale 0.5, seed 0, every preset that
@@ -67,7 +67,7 @@ def profile(*, scenario: str, seed: int, scale: float, policies: list[str] | Non
     return run, events, policies
 
 
-#: The steps after the replay core that issue 15 calls the tail (MLflow logging and the exit are not in it).
+#: The steps after the replay core that SPEC §10 calls the tail (MLflow logging and the exit are not in it).
 TAIL = ("windows", "output_gate", "delta_writes")
 
 

@@ -24,7 +24,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "kernel": ("bench.kernel_bench", [], ["--scale", "0.3", "--reference-scale", "0.05"]),
     # Every library scenario: the kernels at about 1 M events each, the reference at about 50 k (where its rate has
-    # settled), each at a throughput size (38 minutes on 2026-11-28). At a scenario's own scale a kernel call's
+    # settled), each at a throughput size (the longest step of `make bench`). At a scenario's own scale a kernel call's
     # fixed cost is its time, and the reference is timed for milliseconds.
     "kernel-every-scenario": ("bench.kernel_bench", ["--every-scenario", "--kernel-events", "1e6",
                                                      "--reference-events", "5e4", "--reference-scale", "0.05"],

@@ -14,7 +14,7 @@
   replay, windows, output gate, every Delta table of the run protocol (the price of the lakehouse).
 
     python -m bench.spark_bench                       # 1 M events (steady-state), all of the above
-    python -m bench.spark_bench --sizes 1e6,1e7 --full one   # the scale check (SPEC §10, issue 15): time at
+    python -m bench.spark_bench --sizes 1e6,1e7 --full one   # the scale check (SPEC §10): time at
                                                         # 10 M / time at 1 M per job (<= 11), peak memory
     python -m bench.spark_bench --skip-full --json out.json
 

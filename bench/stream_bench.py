@@ -13,7 +13,7 @@ small trace (the SparkSession start and the first Python workers are not counted
 - stream: events / wall seconds from the query's start to the end of the end-of-trace micro-batch, its writes
   included (source, watermark, routing, transformWithStateInPandas on RocksDB, per-batch Delta appends, each
   group's final rows written into the checkpoint by its task);
-- per-CPU: events per CPU-second of this session's processes (driver, JVM, Python workers), since the machine may
+- per-CPU: events per CPU-second of this Spark session's processes (driver, JVM, Python workers), since the machine may
   be shared (the load average is printed): twice that figure is what local[2] reaches with both cores to itself;
 - the profile: the time before the stream (trace gate, runs marked), the stream, the publishing after it (windows,
   output gate, Delta tables), and per micro-batch the time the sink reports for computing it (source, routing,

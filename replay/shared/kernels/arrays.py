@@ -155,7 +155,7 @@ def compiled(fn=None, *, inline: bool = False, counted: bool = True):
     without numba's reference counting (the `_nrt=False` flag). An inlined helper still binds its array arguments
     to new variables, and each binding is an atomic increment and decrement of the array's count that LLVM's
     pruning does not remove where the helper branches: in the steady loops those were 20-25 % of the kernels'
-    CPU (perf, 2026-11-27: one `lock incq`/`lock decq` pair per array per helper per event). Such a loop cannot
+    CPU (perf: one `lock incq`/`lock decq` pair per array per helper per event). Such a loop cannot
     allocate an array (numba refuses to compile it) and must not keep one it was given beyond the call. `_nrt` is
     numba's own option with a leading underscore (its test suite uses it), so numba is pinned (requirements.lock);
     should a release drop it, every kernel test fails at compilation, not in silence."""
