@@ -53,7 +53,8 @@ def test_a_query_run_again_compiles_nothing_beyond_the_default_cache(spark):
 def test_every_table_schema_parses(spark):
     for spec in TABLES.values():
         schema = spec.spark_schema()
-        assert schema.fieldNames()[0] in ("run_id", "window_start_us", "validation_id", "sweep_id", "durability_id"), spec.name
+        leading = ("run_id", "window_start_us", "validation_id", "sweep_id", "durability_id")
+        assert schema.fieldNames()[0] in leading, spec.name
         assert all(p in schema.fieldNames() for p in spec.partition_by)
 
 
