@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from expectations import runner
-from expectations.sweep_gate import SweepGateReport, publish_gate_report
+from expectations.sweep_gate import SweepGateReport, publish_gate_report, report_of
 
 SUITE = "durability_gate"
 INDEX = ["policy", "metric"]
@@ -62,13 +62,7 @@ def check_estimates(rows: list[dict[str, Any]], *, policies: int, metrics: int) 
     ]
     result = runner.validate(df, suite_name=SUITE, target="durability_estimates", expectations=expectations,
                              result_format=runner.summary_format(INDEX))
-    failures = []
-    for res in runner.failed_results(result):
-        cfg = res.get("expectation_config", {})
-        rows_out = runner.offending_rows(res, limit=5)
-        failures.append(f"{cfg.get('description') or cfg.get('type')}: {runner.unexpected_count(res)} rows"
-                        + (f", e.g. {rows_out}" if rows_out else ""))
-    return SweepGateReport(not failures, failures, result)
+    return report_of(result)
 
 
 def run_durability_gate(rows: list[dict[str, Any]], *, durability_id: str, policies: int, metrics: int,

@@ -76,6 +76,11 @@ def check_sweep_results(rows, *, seeds: int, policies: int) -> SweepGateReport:
     ]
     result = runner.validate(df, suite_name=SUITE, target="sweep_results", expectations=expectations,
                              result_format=runner.summary_format(INDEX))
+    return report_of(result)
+
+
+def report_of(result: dict[str, Any]) -> SweepGateReport:
+    """A job-level gate's verdict from its GX result: one line per failed expectation, with a few offending rows."""
     failures = []
     for res in runner.failed_results(result):
         cfg = res.get("expectation_config", {})
