@@ -97,6 +97,10 @@ class Manifest:
     generator: dict[str, Any] | None = None
     format: str = TRACE_FORMAT
     version: int = TRACE_VERSION
+    # When the producers' first route poll after time 0 fell (SPEC §2, §3.7 R-1): RocketMQ clients poll the
+    # NameServer at route_poll_phase_us + k × route_refresh_ms. Generated traces poll from 0; a trace recorded on
+    # a real cluster carries its client's phase, so the replay polls when the real client did.
+    route_poll_phase_us: int = 0
 
     @property
     def broker_ids(self) -> tuple[int, ...]:
@@ -111,7 +115,7 @@ class Manifest:
             "duration_us": self.duration_us,
             "seed": self.seed,
             "generator": self.generator,
-        }
+        } | ({"route_poll_phase_us": self.route_poll_phase_us} if self.route_poll_phase_us else {})
 
     def write(self, trace_dir: str | Path) -> Path:
         path = Path(trace_dir) / "manifest.json"
@@ -128,7 +132,7 @@ class Manifest:
 
         if not isinstance(raw, dict):
             raise BadInput("manifest must be a JSON object", file=file, rule="manifest")
-        known = {"format", "version", "trace_id", "brokers", "duration_us", "seed", "generator"}
+        known = {"format", "version", "trace_id", "brokers", "duration_us", "seed", "generator", "route_poll_phase_us"}
         for key in raw:
             if key not in known:
                 raise bad(key, f"unknown key (known: {', '.join(sorted(known))})")
@@ -165,7 +169,10 @@ class Manifest:
         gen = raw.get("generator")
         if gen is not None and not isinstance(gen, dict):
             raise bad("generator", "must be an object or null")
-        return cls(raw["trace_id"], tuple(brokers), duration, seed, gen)
+        phase = raw.get("route_poll_phase_us", 0)
+        if not isinstance(phase, int) or isinstance(phase, bool) or phase < 0:
+            raise bad("route_poll_phase_us", f"must be an integer >= 0 (microseconds), got {phase!r}")
+        return cls(raw["trace_id"], tuple(brokers), duration, seed, gen, route_poll_phase_us=phase)
 
     @classmethod
     def read(cls, trace_dir: str | Path) -> Manifest:

@@ -44,6 +44,7 @@ def test_missing_manifest(tmp_path):
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("format", "kafka", "format"), ("version", 2, "version"), ("duration_us", -1, "duration_us"),
     ("brokers", [], "brokers"), ("extra", 1, "unknown key"),
+    ("route_poll_phase_us", -5, "route_poll_phase_us"), ("route_poll_phase_us", 1.5, "route_poll_phase_us"),
 ])
 def test_bad_manifest_names_key(tmp_path, key, value, needle):
     trace = make_trace(tmp_path, "0,crash,0,,,,,\n", manifest={**MANIFEST, key: value})
@@ -173,3 +174,13 @@ def test_rows_before_start_counts_a_readable_trace_and_leaves_the_rest_to_the_ga
     (tmp_path / "corrupt" / "manifest.json").write_text(json.dumps(MANIFEST))
     (tmp_path / "corrupt" / "events" / "part-0.parquet").write_bytes(b"not a parquet file")
     assert rows_before_start(tmp_path / "corrupt") is None
+
+
+def test_route_poll_phase_round_trips(tmp_path):
+    trace = make_trace(tmp_path, "0,crash,0,,,,,\n", manifest={**MANIFEST, "route_poll_phase_us": 7_000_000})
+    manifest, _ = read_events_arrow(trace)
+    assert manifest.route_poll_phase_us == 7_000_000
+    assert manifest.to_json()["route_poll_phase_us"] == 7_000_000
+    (tmp_path / "plain").mkdir()
+    plain, _ = read_events_arrow(make_trace(tmp_path / "plain", "0,crash,0,,,,,\n"))
+    assert plain.route_poll_phase_us == 0 and "route_poll_phase_us" not in plain.to_json()
