@@ -33,7 +33,9 @@ JOLOKIA_PORT = 8778
 MARKER = "-Dreplab.testbed="
 #: Small heaps and a fast start: the machine has 2 cores shared by everything else.
 JVM_FLAGS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1",
-             "-Djava.net.preferIPv4Stack=true", "-Djava.awt.headless=true")
+             "-Djava.net.preferIPv4Stack=true", "-Djava.awt.headless=true",
+             # the log's stamps in UTC, so that an instant read from a broker's log is on the recorder's clock
+             "-Duser.timezone=UTC")
 
 LOG4J2 = """\
 status = error
@@ -102,6 +104,8 @@ class KafkaCluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
     started_pgids: list[int] = field(default_factory=list)
+    #: the node each running or past JVM's process group belongs to (for the CPU shares)
+    node_of_pgid: dict[int, str] = field(default_factory=dict)
     cluster_id: str = field(default_factory=lambda: _cluster_id())
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -219,6 +223,7 @@ class KafkaCluster:
             out.close()
         self.procs[name] = proc
         self.started_pgids.append(proc.pid)
+        self.node_of_pgid[proc.pid] = name
 
     def _kill(self, name: str, sig: int) -> None:
         proc = self.procs.pop(name, None)

@@ -52,11 +52,13 @@ class Case:
     agreement: dict[str, float]
     failover_ms: dict[str, float | None] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    #: where the time went, from Kafka's and librdkafka's instruments (`testbed.instruments.case_instruments`)
+    instruments: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "policy": self.policy, "run_id": self.run_id,
                 "predicted": self.predicted, "observed": self.observed, "agreement": self.agreement,
-                "failover_ms": self.failover_ms}
+                "failover_ms": self.failover_ms, "instruments": self.instruments}
 
     @property
     def loss_agrees(self) -> bool:

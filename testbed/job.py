@@ -38,6 +38,7 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
     tracking code); without it no Spark starts at all (the fast test).
     """
+    from testbed.instruments import case_instruments, series
     from testbed.record import run_cluster
     from testbed.schedule import schedule_from_scenario
     from testbed.trace_writer import write_trace
@@ -63,8 +64,11 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
     # for the instants the trace records (testbed.observe.Transition).
     faults = rec.fault_instants()
+    for i, c in enumerate(cases):
+        c.instruments = case_instruments(rec, i)
     (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
                                                     indent=1) + "\n")
+    (out / "instruments.json").write_text(json.dumps(series(rec)) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)
     for i, c in enumerate(cases):

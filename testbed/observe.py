@@ -4,10 +4,11 @@ observers (the per-broker samplers, the shutdown and restart watchers).
 What is recorded:
 - produce events as sent (the wall-clock instant of the first producer's send, µs from the run's start);
 - faults at the instant the broker really changed state, seen from outside (`Transition`): crash, isolate and
-  heal when the signal was sent or the routes changed; `shutdown` when the cluster metadata first shows the
-  broker leading nothing (the controller has moved its leaderships away: SPEC §2.2's instant), or when its
-  process exits if that comes first (its Jolokia agent stops with the JVM's shutdown hooks at SIGTERM, so the
-  broker's own view is not readable then); `restart` when the
+  heal when the signal was sent or the routes changed; `shutdown` when the broker's own log shows it turned
+  follower of the partitions it led (the controller has moved its leaderships away: SPEC §2.2's instant; same
+  clock, `testbed.instruments.resigned_at`), else when the cluster metadata first shows it leading nothing or
+  its process exits, whichever comes first (its Jolokia agent stops with the JVM's shutdown hooks at SIGTERM, so
+  its metrics are not readable then); `restart` when the
   new JVM reports BrokerState RUNNING (registered with the controller and unfenced). The raw instants (signal,
   leads nothing, exit, RUNNING, listed in the metadata) go to comparison.json;
 - `replicate` events from follower log end offsets sampled through Jolokia every `SAMPLE_MS` (SPEC §3.2
@@ -27,11 +28,19 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from replay.policies import KafkaPolicy
 from schemas.trace import Kind
-from testbed.cluster import KafkaCluster
+from testbed.cluster import JOLOKIA_PORT, KafkaCluster, broker_name
+from testbed.instruments import (
+    BROKER_METRICS_MS,
+    BrokerMetrics,
+    ClientStats,
+    CpuMeter,
+    broker_metric_requests,
+    parse_broker_metrics,
+)
 from testbed.schedule import TOPIC_PREFIX, Schedule
 
 log = logging.getLogger(__name__)
@@ -71,6 +80,7 @@ class Transition:
     signal_us: int  # SIGTERM sent, or the new JVM started
     leads_nothing_us: int | None = None  # shutdown: the metadata (admin API) first shows it leading nothing
     exit_us: int | None = None  # shutdown: its process exited
+    resigned_us: int | None = None  # shutdown: its own log shows it turned follower of what it led
     running_us: int | None = None  # restart: its BrokerState is RUNNING (registered and unfenced)
     listed_us: int | None = None  # restart: the metadata lists it among the live brokers (after RUNNING)
 
@@ -79,6 +89,8 @@ class Transition:
         """The instant recorded in the trace: SPEC §2.2's `shutdown` moves leadership at ts_us, `restart` has the
         broker back (able to lead and to rejoin the ISR) at ts_us."""
         if self.kind is Kind.SHUTDOWN:
+            if self.resigned_us is not None:
+                return self.resigned_us
             seen = [t for t in (self.leads_nothing_us, self.exit_us) if t is not None]
         else:
             seen = [t for t in (self.running_us, self.listed_us) if t is not None]
@@ -86,7 +98,7 @@ class Transition:
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind.label, "broker": self.broker, "signal_us": self.signal_us,
-                "leads_nothing_us": self.leads_nothing_us, "exit_us": self.exit_us,
+                "leads_nothing_us": self.leads_nothing_us, "exit_us": self.exit_us, "resigned_us": self.resigned_us,
                 "running_us": self.running_us, "listed_us": self.listed_us,
                 "recorded_us": self.state_us}
 
@@ -107,6 +119,9 @@ class Recording:
     warmup: list[int] = field(default_factory=list)  # per policy: records at the head of each partition (`warm_up`)
     wall_s: dict[str, float] = field(default_factory=dict)
     pgids: list[int] = field(default_factory=list)  # every process group the cluster started
+    broker_metrics: list[BrokerMetrics] = field(default_factory=list)  # request metrics, every BROKER_METRICS_MS
+    client_stats: list[list[ClientStats]] = field(default_factory=list)  # per policy: librdkafka's statistics
+    cpu: CpuMeter | None = None  # over the trace: from the clock's start to duration_us
     tag: str = ""
 
     def state_faults(self) -> list[tuple[int, Kind, int]]:
@@ -144,43 +159,76 @@ FAULT_ORDER = {Kind.CRASH: 0, Kind.POWER_LOSS: 1, Kind.DISK_LOSS: 2, Kind.SHUTDO
                 Kind.RESTART: 5, Kind.HEAL: 6}
 
 
+class Jolokia:
+    """One keep-alive HTTP connection to a broker's Jolokia agent; a list of read requests goes in one POST.
+    Used from one thread only."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, timeout: float = 0.5) -> Any:
+        for attempt in range(2):  # a kept connection the agent closed: connect once more
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            try:
+                self.conn.request("POST", "/jolokia/", body, {"Content-Type": "application/json"})
+                return json.loads(self.conn.getresponse().read())
+            except (OSError, ValueError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        return None
+
+
 class Sampler(threading.Thread):
     """One broker's per-partition log end offset and leadership every SAMPLE_MS, through its Jolokia agent
-    (one thread per broker, so that a slow or dying JVM does not delay the others' samples)."""
+    (one thread per broker, so that a slow or dying JVM does not delay the others' samples): one batched POST on
+    a kept connection per sample, with the brokers' request metrics added once every BROKER_METRICS_MS."""
 
-    REQUEST = json.dumps([
+    READS: ClassVar[list[dict[str, Any]]] = [
         {"type": "read", "mbean": f"kafka.log:type=Log,name=LogEndOffset,topic={TOPIC_PREFIX}*,*",
          "attribute": "Value"},
         # A partition's InSyncReplicasCount is non-zero only on its leader (kafka.cluster.Partition).
         {"type": "read", "mbean": f"kafka.cluster:type=Partition,name=InSyncReplicasCount,topic={TOPIC_PREFIX}*,*",
          "attribute": "Value"},
-    ]).encode()
+    ]
+    REQUEST = json.dumps(READS).encode()
+    WITH_METRICS = json.dumps(READS + broker_metric_requests()).encode()
 
     def __init__(self, cluster: KafkaCluster, rec: Recording, state: dict[int, str], broker: int,
                  stop: threading.Event) -> None:
         super().__init__(daemon=True, name=f"testbed-sampler-{broker}")
         self.cluster, self.rec, self.state, self.broker, self.stop_event = cluster, rec, state, broker, stop
+        self.local = threading.local()
 
     def run(self) -> None:
+        every = max(1, BROKER_METRICS_MS // SAMPLE_MS)
+        n = 0
         while not self.stop_event.is_set():
             start = time.monotonic()
             if self.state.get(self.broker) != "down":
-                sample = self.read(self.broker)
+                sample = self.read(self.broker, metrics=n % every == 0)
                 if sample is not None:
                     self.rec.samples.append(sample)  # list.append is atomic under the GIL
+                    n += 1
             self.stop_event.wait(max(0.0, SAMPLE_MS / 1000 - (time.monotonic() - start)))
 
-    def read(self, broker: int) -> Sample | None:
-        req = urllib.request.Request(self.cluster.jolokia_url(broker), data=self.REQUEST,
-                                     headers={"Content-Type": "application/json"})
+    def _client(self, broker: int) -> Jolokia:
+        clients = self.local.__dict__.setdefault("clients", {})
+        if broker not in clients:
+            clients[broker] = Jolokia(self.cluster.address(broker_name(broker)), JOLOKIA_PORT)
+        return clients[broker]
+
+    def read(self, broker: int, metrics: bool = False) -> Sample | None:
         try:
-            with urllib.request.urlopen(req, timeout=0.5) as resp:
-                body = json.loads(resp.read())
+            body = self._client(broker).post(self.WITH_METRICS if metrics else self.REQUEST)
         except (OSError, ValueError, http.client.HTTPException):
             return None  # the broker is starting or stopping
         ts = now_us() - self.rec.t0_us
         leo, leads = {}, set()
-        for i, part in enumerate(body):
+        for i, part in enumerate(body[:2]):
             for mbean, attrs in (part.get("value") or {}).items():
                 props = dict(kv.split("=", 1) for kv in mbean.split(":", 1)[1].split(","))
                 key = (props["topic"], int(props["partition"]))
@@ -188,6 +236,8 @@ class Sampler(threading.Thread):
                     leo[key] = int(attrs["Value"])
                 elif int(attrs["Value"]) > 0:
                     leads.add(key)
+        if metrics:
+            self.rec.broker_metrics.append(BrokerMetrics(ts, broker, parse_broker_metrics(body[2:])))
         return Sample(ts, broker, leo, leads)
 
 

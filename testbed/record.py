@@ -27,6 +27,7 @@ from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
 from testbed.clients import ResilientProducer, idempotent, partitions_of, payload, producer_config, read_back, warm_up
 from testbed.cluster import KafkaCluster, broker_name
+from testbed.instruments import CpuMeter, parse_client_stats, resigned_at
 from testbed.observe import (
     WATCH_S,
     Delivery,
@@ -71,7 +72,17 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             raise RuntimeError(f"creating topic {topic}: {exc}") from exc
     _wait_leaders(admin, policies, timeout_s=60)
 
-    producers = [ResilientProducer(Producer, producer_config(p, cluster.bootstrap)) for p in policies]
+    rec.client_stats = [[] for _ in policies]
+
+    def on_stats(i: int, raw: str) -> None:
+        try:
+            rec.client_stats[i].append(parse_client_stats(now_us() - rec.t0_us, raw))
+        except Exception as exc:  # never raise into librdkafka's poll
+            callback_errors.append(f"statistics of producer {i}: {type(exc).__name__}: {exc}")
+
+    callback_errors: list[str] = []
+    producers = [ResilientProducer(Producer, producer_config(p, cluster.bootstrap, functools.partial(on_stats, i)))
+                 for i, p in enumerate(policies)]
     parts = [partitions_of(p, schedule.produce) for p in policies]
     ts = schedule.produce["ts_us"].to_numpy()
     msg = schedule.produce["msg_id"].to_numpy()
@@ -83,8 +94,6 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
         pr.list_topics(timeout=10)
     rec.warmup = [warm_up(pr, topic_of(i), p.partitions) if idempotent(p) else 0
                   for i, (p, pr) in enumerate(zip(policies, producers, strict=True))]
-
-    callback_errors: list[str] = []
 
     def on_delivery(i: int, msg_id: int, err, m) -> None:
         # Never raise into librdkafka's poll (it turns a Python exception into a SystemError there).
@@ -102,8 +111,12 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     watchers: list[TransitionWatcher] = []
     stop = threading.Event()
     samplers = [Sampler(cluster, rec, state, b, stop) for b in cluster.brokers]
+    for stats in rec.client_stats:  # the warm-up's windows are not the run's
+        stats.clear()
+    rec.cpu = CpuMeter(cluster.node_of_pgid)
     rec.t0_us = now_us()
     start = time.monotonic()
+    rec.cpu.start()
     for sampler in samplers:
         sampler.start()
     try:
@@ -150,6 +163,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                 pr.poll(0)
         wait_until(rec.t0_us + schedule.duration_us, producers)
     finally:
+        rec.cpu.stop()
         stop.set()
         for sampler in samplers:
             sampler.join(timeout=5)
@@ -164,6 +178,10 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     # producers are not left unpolled meanwhile).
     for w in watchers:
         w.join(timeout=WATCH_S)
+    for tr in rec.transitions:
+        if tr.kind is Kind.SHUTDOWN:
+            at = resigned_at(cluster.workdir / broker_name(tr.broker) / "server.log", rec.t0_us + tr.signal_us)
+            tr.resigned_us = None if at is None else at - rec.t0_us
 
     progress("healing and restarting every broker, then reading every partition back")
     for b, s in list(state.items()):

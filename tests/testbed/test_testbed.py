@@ -72,6 +72,20 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
         for side in ("predicted", "observed"):
             assert d[side]["produced"] == kinds.count("produce")
         assert 0.0 <= d["agreement"]["status"] <= 1.0 and 0.0 <= d["agreement"]["fate"] <= 1.0
+    # Where the time went, from the brokers' and the client's own instruments (testbed.instruments): the leader's
+    # Produce requests of acks=all wait in the purgatory for the followers (RemoteTimeMs) and the client saw
+    # round trips; every process the run started was measured.
+    for d in data:
+        ins = d["instruments"]
+        produce = ins["brokers_steady"]
+        assert produce["Produce.TotalTimeMs"]["requests"] > 100
+        assert produce["FetchFollower.TotalTimeMs"]["requests"] > 10
+        assert ins["client_steady"]["rtt"]["samples"] > 100 and ins["client_steady"]["rtt"]["mean_ms"] > 0
+        assert set(ins["cpu"]["cpu_share"]) >= {"controller", "broker-0", "broker-1", "broker-2", "python",
+                                                "librdkafka"}
+        assert ins["cpu"]["load_1m"]["max"] is not None
+    instruments = json.loads((leader_crash.out / "instruments.json").read_text())
+    assert len(instruments["client_stats"]) == 2 and len(instruments["broker_metrics"]) > 3 * 30
     # The trace's restart is the instant the new JVM was registered and unfenced (BrokerState RUNNING), seconds
     # after it was started; the crash is the SIGKILL instant. comparison.json keeps both. A restart that took
     # effect only after the trace ended (a loaded machine) is outside the judged window and not in the trace.
@@ -141,8 +155,12 @@ def test_producer_settings_follow_the_policy():
     c1, c_all = producer_config(acks1, "b:9092"), producer_config(acks_all, "b:9092")
     assert (c1["acks"], c1["enable.idempotence"], idempotent(acks1)) == ("1", False, False)
     assert (c_all["acks"], c_all["enable.idempotence"], idempotent(acks_all)) == ("all", True, True)
-    # One idempotent request in flight (librdkafka busy-polls beyond it; testbed.clients.IDEMPOTENT_IN_FLIGHT); the
-    # acks=1 producer keeps librdkafka's default.
-    assert c_all["max.in.flight.requests.per.connection"] == 1 and "max.in.flight.requests.per.connection" not in c1
+    # What a user runs: Kafka 4.1's producer defaults for everything a policy does not name, on both producers.
+    for c in (c1, c_all):
+        assert (c["max.in.flight.requests.per.connection"], c["linger.ms"], c["batch.size"],
+                c["compression.type"]) == (5, 5, 16384, "none")
+        assert "statistics.interval.ms" not in c
+    with_stats = producer_config(acks_all, "b:9092", stats_cb=print)
+    assert (with_stats["statistics.interval.ms"], with_stats["stats_cb"]) == (1000, print)
     assert c_all["request.timeout.ms"] == acks_all.request_timeout_ms
     assert c_all["delivery.timeout.ms"] == acks_all.delivery_timeout_ms
