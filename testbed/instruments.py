@@ -174,6 +174,10 @@ def _read(path: str) -> str | None:
         return None
 
 
+def thread_ids() -> set[int]:
+    return {int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+
+
 @dataclass
 class CpuMeter:
     """CPU seconds per process group the run started (the controller, every broker incarnation) and of this
@@ -181,6 +185,7 @@ class CpuMeter:
     last reading before it died counts. Also the machine's 1-minute load average at every sample."""
 
     groups: dict[int, str]  # pgid -> node name, kept up to date by the caller
+    threads: dict[int, str] = field(default_factory=dict)  # this process's threads by name (`label_threads`)
     every_s: float = 1.0
     first: dict[tuple[str, int], int] = field(default_factory=dict)
     last: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -208,7 +213,8 @@ class CpuMeter:
             if raw is None:
                 continue
             _, ticks, comm = _ticks(raw)
-            key = ("librdkafka" if comm.startswith("rdk:") else "python", int(tid))
+            name = self.threads.get(int(tid)) or ("librdkafka" if comm.startswith("rdk:") else "python")
+            key = (name, int(tid))
             seen[key] = ticks
         for key, ticks in seen.items():
             self.first.setdefault(key, ticks)
@@ -216,6 +222,11 @@ class CpuMeter:
         raw = _read("/proc/loadavg")
         if raw:
             self.load.append(float(raw.split()[0]))
+
+    def label_threads(self, label: str, before: set[int]) -> None:
+        """Name this process's threads started since `before` (`thread_ids`), e.g. one producer's."""
+        for tid in thread_ids() - before:
+            self.threads[tid] = label
 
     def start(self) -> None:
         self.t_start = time.monotonic()

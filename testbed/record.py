@@ -27,7 +27,7 @@ from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
 from testbed.clients import ResilientProducer, idempotent, partitions_of, payload, producer_config, read_back, warm_up
 from testbed.cluster import KafkaCluster, broker_name
-from testbed.instruments import CpuMeter, parse_client_stats, resigned_at
+from testbed.instruments import CpuMeter, parse_client_stats, resigned_at, thread_ids
 from testbed.observe import (
     WATCH_S,
     Delivery,
@@ -81,8 +81,13 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
             callback_errors.append(f"statistics of producer {i}: {type(exc).__name__}: {exc}")
 
     callback_errors: list[str] = []
-    producers = [ResilientProducer(Producer, producer_config(p, cluster.bootstrap, functools.partial(on_stats, i)))
-                 for i, p in enumerate(policies)]
+    rec.cpu = CpuMeter(cluster.node_of_pgid)
+    producers = []
+    for i, p in enumerate(policies):  # each producer's librdkafka threads get its name in the CPU shares
+        before = thread_ids()
+        producers.append(ResilientProducer(Producer, producer_config(p, cluster.bootstrap,
+                                                                     functools.partial(on_stats, i))))
+        rec.cpu.label_threads(f"librdkafka-{topic_of(i)}", before)
     parts = [partitions_of(p, schedule.produce) for p in policies]
     ts = schedule.produce["ts_us"].to_numpy()
     msg = schedule.produce["msg_id"].to_numpy()
@@ -113,7 +118,6 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     samplers = [Sampler(cluster, rec, state, b, stop) for b in cluster.brokers]
     for stats in rec.client_stats:  # the warm-up's windows are not the run's
         stats.clear()
-    rec.cpu = CpuMeter(cluster.node_of_pgid)
     rec.t0_us = now_us()
     start = time.monotonic()
     rec.cpu.start()

@@ -80,9 +80,9 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
         produce = ins["brokers_steady"]
         assert produce["Produce.TotalTimeMs"]["requests"] > 100
         assert produce["FetchFollower.TotalTimeMs"]["requests"] > 10
-        assert ins["client_steady"]["rtt"]["samples"] > 100 and ins["client_steady"]["rtt"]["mean_ms"] > 0
+        assert ins["client_steady"]["rtt"]["samples"] > 10 and ins["client_steady"]["rtt"]["mean_ms"] > 0
         assert set(ins["cpu"]["cpu_share"]) >= {"controller", "broker-0", "broker-1", "broker-2", "python",
-                                                "librdkafka"}
+                                                "librdkafka-replab-p0", "librdkafka-replab-p1"}
         assert ins["cpu"]["load_1m"]["max"] is not None
     instruments = json.loads((leader_crash.out / "instruments.json").read_text())
     assert len(instruments["client_stats"]) == 2 and len(instruments["broker_metrics"]) > 3 * 30
