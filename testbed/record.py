@@ -83,10 +83,13 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     callback_errors: list[str] = []
     rec.cpu = CpuMeter(cluster.node_of_pgid)
     producers = []
-    for i, p in enumerate(policies):  # each producer's librdkafka threads get its name in the CPU shares
+    for i, p in enumerate(policies):
         before = thread_ids()
         producers.append(ResilientProducer(Producer, producer_config(p, cluster.bootstrap,
                                                                      functools.partial(on_stats, i))))
+        # connect and fetch metadata before the clock starts; then its broker threads exist and get its name in
+        # the CPU shares
+        producers[-1].list_topics(timeout=10)
         rec.cpu.label_threads(f"librdkafka-{topic_of(i)}", before)
     parts = [partitions_of(p, schedule.produce) for p in policies]
     ts = schedule.produce["ts_us"].to_numpy()
@@ -95,8 +98,6 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     keys = schedule.produce["key"].to_pylist()
     rec.partition = [dict(zip(msg.tolist(), pp.tolist(), strict=True)) for pp in parts]
     rec.deliveries = [{} for _ in policies]
-    for pr in producers:  # connect and fetch metadata before the clock starts
-        pr.list_topics(timeout=10)
     rec.warmup = [warm_up(pr, topic_of(i), p.partitions) if idempotent(p) else 0
                   for i, (p, pr) in enumerate(zip(policies, producers, strict=True))]
 
