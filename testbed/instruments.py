@@ -272,14 +272,17 @@ def log_instant_us(stamp: str) -> int:
     return int(t.timestamp() * 1_000_000)
 
 
-def resigned_at(log: Path, after_us: int) -> int | None:
-    """The first instant at or after `after_us` (epoch µs) the broker's log shows it turning follower."""
+def resigned_at(log: Path, after_us: int, before_us: int | None = None) -> int | None:
+    """The first instant in [after_us, before_us] (epoch µs: the SIGTERM and the process's exit) the broker's
+    log shows it turning follower; None when it led nothing (a later line is its next incarnation's)."""
     if not log.exists():
         return None
     for line in log.read_text(errors="replace").splitlines():
         m = RESIGNED.match(line)
         if m:
             t = log_instant_us(m.group(1))
+            if before_us is not None and t > before_us:
+                return None
             if t >= after_us - 1000:  # the log's clock has millisecond resolution
                 return max(t, after_us)
     return None

@@ -185,7 +185,8 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
         w.join(timeout=WATCH_S)
     for tr in rec.transitions:
         if tr.kind is Kind.SHUTDOWN:
-            at = resigned_at(cluster.workdir / broker_name(tr.broker) / "server.log", rec.t0_us + tr.signal_us)
+            at = resigned_at(cluster.workdir / broker_name(tr.broker) / "server.log", rec.t0_us + tr.signal_us,
+                             None if tr.exit_us is None else rec.t0_us + tr.exit_us)
             tr.resigned_us = None if at is None else at - rec.t0_us
 
     progress("healing and restarting every broker, then reading every partition back")

@@ -88,6 +88,8 @@ def test_resignation_read_from_the_broker_log(tmp_path):
     signal = log_instant_us("2026-11-28 20:00:20,050")
     assert resigned_at(log, signal) - signal == 87_000  # not the start-up line before the signal
     assert resigned_at(log, log_instant_us("2026-11-28 20:00:30,000")) is None
+    # exited before any such line: it led nothing (a line after the exit is a restarted broker's)
+    assert resigned_at(log, signal, before_us=log_instant_us("2026-11-28 20:00:20,100")) is None
     assert resigned_at(tmp_path / "absent.log", signal) is None
 
 
