@@ -308,3 +308,15 @@ def series(rec: Any) -> dict[str, Any]:
     return {"broker_metrics": [{"ts_us": m.ts_us, "broker": m.broker, **m.values} for m in rec.broker_metrics],
             "client_stats": [[{"ts_us": s.ts_us, "brokers": s.brokers, "msgq": s.msgq, "xmit_msgq": s.xmit_msgq,
                                "inflight": s.inflight} for s in stats] for stats in rec.client_stats]}
+
+
+def flat(d: dict[str, Any], prefix: str = "instruments") -> dict[str, float]:
+    """Every number of a `case_instruments` summary under a dotted key (MLflow metrics)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, key))
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[key] = float(v)
+    return out

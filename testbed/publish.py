@@ -84,6 +84,8 @@ def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | N
         run_params,
     )
 
+    from testbed.instruments import flat
+
     def _metric(key: str, value: float, ts: int) -> Metric:
         return Metric(key, value, ts, 0)
 
@@ -104,6 +106,7 @@ def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | N
             for side, v in c.failover_ms.items():
                 if v is not None:
                     metrics.append(_metric(f"{side}.failover_ms", float(v), ts))
+            metrics += [_metric(k, v, ts) for k, v in flat(c.instruments).items()]
             metrics += [_metric("agreement.status", c.agreement["status"], ts),
                         _metric("agreement.fate", c.agreement["fate"], ts),
                         _metric("agreement.loss_zero_vs_nonzero", 1.0 if c.loss_agrees else 0.0, ts)]

@@ -104,3 +104,12 @@ def test_cpu_meter_sees_this_process_work():
     # at least a little of a core on a loaded machine, at most every core (other threads of this process count)
     assert 0.02 <= shares["cpu_share"]["python"] <= shares["cores"] + 0.2
     assert shares["load_1m"]["max"] is not None and shares["wall_s"] >= 0.5
+
+
+def test_summaries_flatten_to_metric_keys():
+    from testbed.instruments import flat
+
+    out = flat({"cpu": {"cpu_share": {"broker-0": 0.2}, "cores": 2, "load_1m": {"max": None}},
+                "client_steady": {"rtt": {"mean_ms": 4.5, "samples": 3}}})
+    assert out == {"instruments.cpu.cpu_share.broker-0": 0.2, "instruments.cpu.cores": 2.0,
+                   "instruments.client_steady.rtt.mean_ms": 4.5, "instruments.client_steady.rtt.samples": 3.0}
