@@ -83,7 +83,6 @@ def log_mlflow(cases: list[Case], rec, manifest, policies, tracking_uri: str | N
         log_in_chunks,
         run_params,
     )
-
     from testbed.instruments import flat
 
     def _metric(key: str, value: float, ts: int) -> Metric:
