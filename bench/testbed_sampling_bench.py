@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     seconds = float(argv[0]) if argv else 20.0
     every = BROKER_METRICS_MS // SAMPLE_MS
     jars = ensure_jars(log=print)
-    workdir = Path("bench/results/testbed-sampling-cluster").resolve()
+    workdir = Path(tempfile.gettempdir()) / "replab-testbed-sampling"
     with KafkaCluster(jars, [0, 1, 2], BrokerSettings(30000, 9000, False, 300), workdir, "bsamp") as cluster:
         cluster.wait_ready()
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
