@@ -204,15 +204,17 @@ class Sampler(threading.Thread):
         self.local = threading.local()
 
     def run(self) -> None:
-        every = max(1, BROKER_METRICS_MS // SAMPLE_MS)
-        n = 0
+        metrics_at = 0.0
         while not self.stop_event.is_set():
             start = time.monotonic()
             if self.state.get(self.broker) != "down":
-                sample = self.read(self.broker, metrics=n % every == 0)
+                # due once a BROKER_METRICS_MS, tried once: a failed read is not retried with them (the log end
+                # offsets come first)
+                metrics = start - metrics_at >= BROKER_METRICS_MS / 1000
+                metrics_at = start if metrics else metrics_at
+                sample = self.read(self.broker, metrics=metrics)
                 if sample is not None:
                     self.rec.samples.append(sample)  # list.append is atomic under the GIL
-                    n += 1
             self.stop_event.wait(max(0.0, SAMPLE_MS / 1000 - (time.monotonic() - start)))
 
     def _client(self, broker: int) -> Jolokia:
