@@ -211,26 +211,14 @@ class KafkaCluster:
                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
                f"-javaagent:{self.jars.agent}=host={addr},port={JOLOKIA_PORT},discoveryEnabled=false",
                "-cp", self.jars.classpath, "kafka.Kafka", str(node_dir / "server.properties")]
-        out = open(node_dir / "stdout.log", "ab")  # noqa: SIM115 (the child keeps it open)
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        finally:
-            out.close()
+        proc = start_group(cmd, node_dir / "stdout.log")
         self.procs[name] = proc
         self.started_pgids.append(proc.pid)
 
     def _kill(self, name: str, sig: int) -> None:
         proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        if proc is not None:
+            stop_group(proc, sig)
 
     def is_up(self, broker: int) -> bool:
         proc = self.procs.get(broker_name(broker))
@@ -296,6 +284,28 @@ class KafkaCluster:
                 raise TestbedUnavailable(f"the Kafka cluster was not ready after {timeout_s:.0f} s "
                                          f"(logs in {self.workdir})")
             time.sleep(0.5)
+
+
+def start_group(cmd: list[str], log: Path) -> subprocess.Popen:
+    """Start `cmd` in its own process group (its pid is the group id), output appended to `log`."""
+    out = open(log, "ab")  # noqa: SIM115 (the child keeps it open)
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    finally:
+        out.close()
+
+
+def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> None:
+    """Signal the process group `proc` leads and reap it (SIGKILL if it outlives `timeout_s`)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
 
 
 def marked_java_pids(tag: str) -> list[int]:

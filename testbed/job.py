@@ -38,7 +38,6 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
     tracking code); without it no Spark starts at all (the fast test).
     """
-    from testbed.record import run_cluster
     from testbed.schedule import schedule_from_scenario
     from testbed.trace_writer import write_trace
 
@@ -47,12 +46,22 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     schedule = schedule_from_scenario(scenario)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid() % 100000:05d}"
-    rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
     trace = out / "trace"
-    shutil.rmtree(trace, ignore_errors=True)
-    manifest = write_trace(rec, trace)
-    for node in (out / "cluster").glob("*/data"):  # the logs stay for a post-mortem, the data does not
-        shutil.rmtree(node, ignore_errors=True)
+    if rocketmq(policies):
+        from testbed.rocketmq import record as rmq
+
+        rec = rmq.run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        shutil.rmtree(trace, ignore_errors=True)
+        rmq.fill_samples(rec, len(policies))
+        manifest = write_trace(rec, trace, rmq.replicate_events(rec), rec.route_poll_phase_us)
+    else:
+        from testbed.record import run_cluster
+
+        rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        shutil.rmtree(trace, ignore_errors=True)
+        manifest = write_trace(rec, trace)
+    for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
+        shutil.rmtree(node, ignore_errors=True)  # the logs stay for a post-mortem, the data does not
     t_recorded = time.monotonic()
 
     if spark_replay:
@@ -63,7 +72,8 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
     # for the instants the trace records (testbed.observe.Transition).
     faults = rec.fault_instants()
-    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
+    extra = _family_evidence(rec)
+    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults, **extra} for c in cases],
                                                     indent=1) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)
@@ -86,6 +96,28 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
     return TestbedResult(out, trace, cases, rec, wall)
+
+
+def rocketmq(policies: list) -> bool:
+    """Whether the run is RocketMQ's (every policy of a run is of one kind: one cluster serves them all)."""
+    from replay.policies import KafkaPolicy
+
+    kinds = {isinstance(p, KafkaPolicy) for p in policies}
+    if len(kinds) > 1:
+        from schemas.errors import BadInput
+
+        raise BadInput("one testbed run starts one cluster: give Kafka and RocketMQ policies in separate runs",
+                       rule="testbed-policy")
+    return kinds == {False}
+
+
+def _family_evidence(rec) -> dict[str, Any]:
+    """RocketMQ: the client's route poll phase and requests, and each election seen in the NameServer's route."""
+    if not hasattr(rec, "route_requests"):
+        return {}
+    return {"route_poll_phase_us": rec.route_poll_phase_us, "route_refresh_ms": rec.route_refresh_ms,
+            "client_start_us": rec.client_start_us, "elections": rec.elections,
+            "route_requests": rec.route_requests, "client_routes": rec.client_routes}
 
 
 def _deliveries(rec, i: int):

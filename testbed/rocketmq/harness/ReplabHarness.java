@@ -103,6 +103,7 @@ public final class ReplabHarness {
             case "topics": rc = topics(a); break;
             case "produce": rc = produce(a); break;
             case "read": rc = read(a); break;
+            case "route": rc = route(a); break;
             default: throw new IllegalArgumentException("unknown mode " + argv[0]);
         }
         out.flush();
@@ -235,8 +236,22 @@ public final class ReplabHarness {
             producer.start();
         }
         emit("{\"ev\":\"client_start\",\"t\":" + startUs + ",\"started\":" + nowUs() + "}");
-        for (String topic : topics) {
-            producers.get(0).getDefaultMQProducerImpl().getMqClientFactory().updateTopicRouteInfoFromNameServer(topic);
+        // Every producer knows every queue of its topic before the run starts (the groups' first elections).
+        int queues = Integer.parseInt(a.get("queues").get(0));
+        long readyBy = System.currentTimeMillis() + 170_000;
+        while (true) {
+            boolean complete = true;
+            for (int i = 0; i < producers.size(); i++) {
+                producers.get(0).getDefaultMQProducerImpl().getMqClientFactory()
+                    .updateTopicRouteInfoFromNameServer(topics.get(i));
+                TopicPublishInfo info = producers.get(i).getDefaultMQProducerImpl().getTopicPublishInfoTable()
+                    .get(topics.get(i));
+                complete &= info != null && info.getMessageQueueList().size() == queues;
+            }
+            if (complete || System.currentTimeMillis() > readyBy) {
+                break;
+            }
+            Thread.sleep(500);
         }
         AtomicBoolean running = new AtomicBoolean(true);
         // Each producer's route table as the sends use it, watched every millisecond.
@@ -368,6 +383,19 @@ public final class ReplabHarness {
             emit(head + ",\"done\":" + done + ",\"error\":" + q(e.getClass().getSimpleName()) + ",\"code\":" + code
                 + ",\"addr\":" + q(addr) + ",\"message\":" + q(message) + "}");
         }
+    }
+
+    static int route(Map<String, List<String>> a) throws Exception {
+        DefaultMQAdminExt admin = admin(a.get("namesrv").get(0), "replab-route");
+        try {
+            emit("{\"ev\":\"ns_route\",\"t\":" + nowUs() + ",\"route\":"
+                + routeOf(admin.examineTopicRouteInfo(a.get("topic").get(0))) + "}");
+        } catch (Exception e) {
+            emit("{\"ev\":\"ns_route\",\"t\":" + nowUs() + ",\"route\":{}}");
+        } finally {
+            admin.shutdown();
+        }
+        return 0;
     }
 
     // ------------------------------------------------------------------------------------------------ read
