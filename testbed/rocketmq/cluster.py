@@ -147,6 +147,8 @@ class RocketMQCluster:
                 "flushDiskType": "SYNC_FLUSH" if self.flush_sync else "ASYNC_FLUSH",
                 "autoCreateTopicEnable": "false", "autoCreateSubscriptionGroup": "true",
                 "sendMessageThreadPoolNums": 4, "pullMessageThreadPoolNums": 4,
+                # the verifying consumer reads a queue in large pulls (32 messages by default)
+                "maxTransferCountOnMessageInMemory": 1024, "maxTransferBytesOnMessageInMemory": 4 * 1024 * 1024,
             }
         path = node_dir / ("namesrv.conf" if name == NAMESRV else "broker.conf")
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

@@ -99,12 +99,18 @@ public final class ReplabHarness {
             a.containsKey("out") ? new FileOutputStream(a.get("out").get(0)) : System.out, StandardCharsets.UTF_8),
             true);
         int rc;
-        switch (argv[0]) {
-            case "topics": rc = topics(a); break;
-            case "produce": rc = produce(a); break;
-            case "read": rc = read(a); break;
-            case "route": rc = route(a); break;
-            default: throw new IllegalArgumentException("unknown mode " + argv[0]);
+        try {
+            switch (argv[0]) {
+                case "topics": rc = topics(a); break;
+                case "produce": rc = produce(a); break;
+                case "read": rc = read(a); break;
+                case "route": rc = route(a); break;
+                default: throw new IllegalArgumentException("unknown mode " + argv[0]);
+            }
+        } catch (Throwable e) {
+            // The client's own threads would keep the JVM alive: exit, so that the recorder sees the failure.
+            e.printStackTrace();
+            rc = 2;
         }
         out.flush();
         System.exit(rc);
@@ -242,8 +248,12 @@ public final class ReplabHarness {
         while (true) {
             boolean complete = true;
             for (int i = 0; i < producers.size(); i++) {
-                producers.get(0).getDefaultMQProducerImpl().getMqClientFactory()
-                    .updateTopicRouteInfoFromNameServer(topics.get(i));
+                try {
+                    producers.get(0).getDefaultMQProducerImpl().getMqClientFactory()
+                        .updateTopicRouteInfoFromNameServer(topics.get(i));
+                } catch (IllegalStateException e) {
+                    // the NameServer did not answer in time (a loaded machine): ask again
+                }
                 TopicPublishInfo info = producers.get(i).getDefaultMQProducerImpl().getTopicPublishInfoTable()
                     .get(topics.get(i));
                 complete &= info != null && info.getMessageQueueList().size() == queues;
@@ -412,7 +422,7 @@ public final class ReplabHarness {
                     long offset = 0;
                     int empty = 0;
                     while (offset < max && empty < 20) {
-                        PullResult r = consumer.pull(mq, "*", offset, 32, 5000);
+                        PullResult r = consumer.pull(mq, "*", offset, 1024, 5000);
                         if (r.getPullStatus() == PullStatus.FOUND) {
                             for (MessageExt m : r.getMsgFoundList()) {
                                 emit("{\"ev\":\"read\",\"topic\":" + q(topic) + ",\"broker\":" + q(mq.getBrokerName())
