@@ -313,7 +313,23 @@ public final class ReplabHarness {
         nsWatch.setDaemon(true);
         nsWatch.start();
 
-        emit("{\"ev\":\"ready\",\"t\":" + nowUs() + "}");
+        // Warm up the client's and the brokers' code paths (a just-started JVM answers its first sends seconds
+        // late on a loaded machine): WARMUP_MS of sends before the clock starts, marked with msg id -1.
+        long warmEnd = System.currentTimeMillis() + Long.parseLong(a.get("warmup-ms").get(0));
+        int warmed = 0;
+        while (System.currentTimeMillis() < warmEnd) {
+            for (int i = 0; i < producers.size(); i++) {
+                Message msg = new Message(topics.get(i), "replab-warmup", new byte[200]);
+                msg.putUserProperty(ID_PROPERTY, "-1");
+                try {
+                    producers.get(i).send(msg);
+                    warmed++;
+                } catch (Exception e) {
+                    Thread.sleep(100);
+                }
+            }
+        }
+        emit("{\"ev\":\"ready\",\"t\":" + nowUs() + ",\"warmed\":" + warmed + "}");
         String go = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
         long t0 = Long.parseLong(go.trim());
         ExecutorService pool = Executors.newFixedThreadPool(256);
