@@ -332,7 +332,8 @@ public final class ReplabHarness {
         emit("{\"ev\":\"ready\",\"t\":" + nowUs() + ",\"warmed\":" + warmed + "}");
         String go = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
         long t0 = Long.parseLong(go.trim());
-        ExecutorService pool = Executors.newFixedThreadPool(256);
+        // A thread per send in flight: a send waits for its answer (up to sendMsgTimeout) without delaying the next.
+        ExecutorService pool = Executors.newCachedThreadPool();
         for (Send s : schedule) {
             long wait = t0 + s.atUs - nowUs();
             if (wait > 0) {
@@ -347,7 +348,9 @@ public final class ReplabHarness {
                 if (s.key != null) {
                     msg.setKeys(s.key);
                 }
-                pool.execute(() -> send(producers.get(pi), pi, msg, s, sentUs, ordered.get(pi)));
+                String head = "{\"ev\":\"send\",\"p\":" + pi + ",\"id\":" + s.msgId + ",\"sent\":" + sentUs;
+                INFLIGHT.put(head, Boolean.TRUE);
+                pool.execute(() -> send(producers.get(pi), pi, msg, s, head, ordered.get(pi)));
             }
         }
         long wait = t0 + endUs - nowUs();
@@ -359,6 +362,9 @@ public final class ReplabHarness {
         int longest = timeouts.stream().mapToInt(Integer::intValue).max().orElse(3000);
         pool.awaitTermination(longest + 2000, TimeUnit.MILLISECONDS);
         running.set(false);
+        for (String head : INFLIGHT.keySet()) {
+            emit(head + ",\"pending\":true}");  // sent, no answer by the end
+        }
         emit("{\"ev\":\"done\",\"t\":" + nowUs() + "}");
         out.flush();
         for (DefaultMQProducer producer : producers) {
@@ -368,8 +374,10 @@ public final class ReplabHarness {
         return 0;
     }
 
-    static void send(DefaultMQProducer producer, int pi, Message msg, Send s, long sentUs, boolean ordered) {
-        String head = "{\"ev\":\"send\",\"p\":" + pi + ",\"id\":" + s.msgId + ",\"sent\":" + sentUs;
+    static final java.util.concurrent.ConcurrentHashMap<String, Boolean> INFLIGHT =
+        new java.util.concurrent.ConcurrentHashMap<>();
+
+    static void send(DefaultMQProducer producer, int pi, Message msg, Send s, String head, boolean ordered) {
         try {
             SendResult r;
             if (ordered && s.key != null) {
@@ -379,6 +387,7 @@ public final class ReplabHarness {
                 r = producer.send(msg);
             }
             long done = nowUs();
+            INFLIGHT.remove(head);
             long commitLogOffset = -1;
             String storeAddr = null;
             try {
@@ -394,6 +403,7 @@ public final class ReplabHarness {
                 + "}");
         } catch (Throwable e) {
             long done = nowUs();
+            INFLIGHT.remove(head);
             int code = -1;
             String addr = null;
             if (e instanceof MQBrokerException) {
