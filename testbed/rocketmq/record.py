@@ -496,6 +496,8 @@ def replicate_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
         by_group[g.name] = (idx, suffix, list(g.members))
     last: dict[int, int] = {}
     for s in sorted(rec.ledger, key=lambda s: s.ts_us):
+        if s.ts_us < 0:
+            continue  # read while the clock was being started
         g = next(gr for gr in rec.groups if s.broker in gr.members)
         master = _master_at(rec, g.name, s.ts_us)
         if master is None or master == s.broker or away(s.broker, s.ts_us) or away(master, s.ts_us):
