@@ -15,16 +15,13 @@ cluster is a context manager) before the network goes away.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from testbed.cluster import JVM_FLAGS, MARKER, broker_name, start_group, stop_group
-from testbed.jars import TestbedUnavailable, java_binary
+from testbed.cluster import JVM_FLAGS, MARKER, NodeProcesses, broker_name, stop_group
 from testbed.netns import Network
 from testbed.rocketmq.jars import RocketMQJars
 
@@ -59,7 +56,7 @@ class Group:
 
 
 @dataclass
-class RocketMQCluster:
+class RocketMQCluster(NodeProcesses):
     jars: RocketMQJars
     groups: list[Group]
     workdir: Path
@@ -69,6 +66,8 @@ class RocketMQCluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
     started_pgids: list[int] = field(default_factory=list)
+    SYSTEM: ClassVar[str] = "RocketMQ"
+    NODE_LOG: ClassVar[str] = "stdout.log"  # startup failures are printed there, before logging starts
 
     @property
     def brokers(self) -> list[int]:
@@ -78,39 +77,17 @@ class RocketMQCluster:
         return next(g for g in self.groups if broker in g.members)
 
     # ------------------------------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> RocketMQCluster:
-        self.java = java_binary()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def _files(self) -> None:
         (self.workdir / "logback.xml").write_text(LOGBACK)
-        self.network = Network(self.tag, [NAMESRV, *(broker_name(b) for b in self.brokers)])
-        self.network.__enter__()
-        try:
-            self._start(NAMESRV)
-            for b in self.brokers:
-                self._start(broker_name(b))
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _nodes(self) -> list[str]:
+        return [NAMESRV, *(broker_name(b) for b in self.brokers)]
 
-    def close(self) -> None:
-        for name in list(self.procs):
-            self._kill(name, signal.SIGKILL)
-        for pgid in self.started_pgids:  # anything a JVM may have forked
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        if self.network is not None:
-            self.network.close()
+    def _start_all(self) -> None:
+        for name in self._nodes():
+            self._start(name)
 
     # ------------------------------------------------------------------------------------------ addresses
-    def address(self, name: str) -> str:
-        assert self.network is not None
-        return self.network.address(name)
-
     @property
     def namesrv(self) -> str:
         return f"{self.address(NAMESRV)}:{NAMESRV_PORT}"
@@ -165,30 +142,9 @@ class RocketMQCluster:
                f"{MARKER}{self.tag}", f"-Duser.home={node_dir / 'home'}", f"-Drocketmq.home.dir={node_dir}",
                f"-Drmq.logback.configurationFile={self.workdir / 'logback.xml'}",
                f"-Dreplab.testbed.log={node_dir / 'server.log'}", "-cp", self.jars.classpath, main, "-c", str(conf)]
-        proc = start_group(cmd, node_dir / "stdout.log")
-        self.procs[name] = proc
-        self.started_pgids.append(proc.pid)
-
-    def _kill(self, name: str, sig: int) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None:
-            stop_group(proc, sig)
-
-    def is_up(self, broker: int) -> bool:
-        proc = self.procs.get(broker_name(broker))
-        return proc is not None and proc.poll() is None
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                log = self.workdir / name / "stdout.log"
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-                raise TestbedUnavailable(f"RocketMQ {name} exited with code {proc.returncode}: {' | '.join(tail)}")
+        self._launch(name, cmd, node_dir / "stdout.log")
 
     # ------------------------------------------------------------------------------------------ faults
-    def crash(self, broker: int) -> None:
-        self._kill(broker_name(broker), signal.SIGKILL)
-
     def shutdown(self, broker: int) -> None:
         """SIGTERM: the broker unregisters and stops (about 15 s here); reaped before this returns."""
         self._kill(broker_name(broker), signal.SIGTERM)
@@ -196,13 +152,6 @@ class RocketMQCluster:
     def restart(self, broker: int) -> None:
         self._start(broker_name(broker))
 
-    def isolate(self, broker: int) -> None:
-        assert self.network is not None
-        self.network.isolate(broker_name(broker))
-
-    def heal(self, broker: int) -> None:
-        assert self.network is not None
-        self.network.heal(broker_name(broker))
 
     # ------------------------------------------------------------------------------------------ the harness
     def harness(self, mode: str, *args: str, out: Path, stdin=None) -> subprocess.Popen:

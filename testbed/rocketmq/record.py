@@ -38,6 +38,7 @@ from schemas.errors import BadInput
 from schemas.trace import Kind
 from testbed.jars import TestbedUnavailable
 from testbed.observe import Delivery, Recording, Sample, Transition, now_us
+from testbed.record import inject
 from testbed.rocketmq.cluster import Group, RocketMQCluster
 from testbed.schedule import Schedule, topic_of
 
@@ -316,6 +317,7 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
     state = {b: "up" for b in node_of}
     stop = threading.Event()
     sampler = IndexSampler(cluster, rec, node_of, state, stop)
+    by_trace_id = ByTraceId(cluster, node_of)
     rec.t0_us = now_us() + 300_000
     assert producer.stdin is not None
     producer.stdin.write(f"{rec.t0_us}\n")
@@ -327,29 +329,14 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
             _sleep_until(rec.t0_us + f_ts)
             if kind in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE):
                 sampler.sample_all()  # every follower's position right before the fault
-            node = node_of[b]
             # The signal's instant, taken before it is sent: reaping a killed JVM takes a while on a loaded
             # machine, and the NameServer drops a SIGKILLed master within milliseconds.
             signal_us = now_us() - rec.t0_us
-            if kind is Kind.CRASH:
-                state[b] = "down"
-                cluster.crash(node)
-            elif kind is Kind.SHUTDOWN:
-                state[b] = "down"
-                cluster.shutdown(node)
-            elif kind is Kind.RESTART:
-                cluster.restart(node)
-                state[b] = "up"
-            elif kind is Kind.ISOLATE:
-                state[b] = "isolated"
-                cluster.isolate(node)
-            elif kind is Kind.HEAL:
-                cluster.heal(node)
-                state[b] = "up"
+            inject(by_trace_id, kind, b, state)
             rec.faults.append((signal_us, kind, b))
             if kind is Kind.RESTART:
                 rec.transitions.append(Transition(len(rec.faults) - 1, kind, b, rec.faults[-1][0]))
-            progress(f"{kind.label} broker {b} (node {node}) at {f_ts / 1e6:.1f} s")
+            progress(f"{kind.label} broker {b} (node {node_of[b]}) at {f_ts / 1e6:.1f} s")
         _sleep_until(rec.t0_us + schedule.duration_us)
         longest = max(p.delivery_timeout_ms for p in rec.policies)
         if cluster.reap(producer, longest / 1000 + 30) != 0:
@@ -358,6 +345,29 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
         stop.set()
         sampler.join(timeout=5)
     rec.wall_s["trace"] = time.monotonic() - start
+
+
+@dataclass
+class ByTraceId:
+    """The cluster's faults addressed by trace broker id (`_label_leaders`), for the shared `testbed.record.inject`."""
+
+    cluster: RocketMQCluster
+    node_of: dict[int, int]
+
+    def crash(self, b: int) -> None:
+        self.cluster.crash(self.node_of[b])
+
+    def shutdown_begin(self, b: int) -> None:
+        self.cluster.shutdown(self.node_of[b])
+
+    def restart(self, b: int) -> None:
+        self.cluster.restart(self.node_of[b])
+
+    def isolate(self, b: int) -> None:
+        self.cluster.isolate(self.node_of[b])
+
+    def heal(self, b: int) -> None:
+        self.cluster.heal(self.node_of[b])
 
 
 def _sleep_until(target_us: int) -> None:
