@@ -475,8 +475,11 @@ def _parse_reads(rec: RocketMQRecording, path: Path, topics: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------------ the trace
 def replicate_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
-    """(ts_us, broker, upto_us) from the ledger ends (module docstring). A sample of the group's master, of a
-    node whose group has no registered master, or of a node that is down or cut off, says nothing (SPEC §2.2)."""
+    """(ts_us, broker, upto_us) from the ledger ends (module docstring), for every member that is up and not cut
+    off, the real master included: after a crash the model elects by SPEC §3.4 rule 3 (longest log, ties in group
+    order), which need not be the member DLedger's vote chose, and the model's follower is then the real master,
+    whose ledger end holds every entry (upto_us = the sample instant). The model ignores the report of the member
+    it has leading (SPEC §2.2)."""
     from testbed.trace_writer import away_at
 
     away = away_at(rec.state_faults())
@@ -508,10 +511,9 @@ def replicate_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
     for s in sorted(rec.ledger, key=lambda s: s.ts_us):
         if s.ts_us < 0:
             continue  # read while the clock was being started
-        g = next(gr for gr in rec.groups if s.broker in gr.members)
-        master = _master_at(rec, g.name, s.ts_us)
-        if master is None or master == s.broker or away(s.broker, s.ts_us) or away(master, s.ts_us):
+        if away(s.broker, s.ts_us):
             continue
+        g = next(gr for gr in rec.groups if s.broker in gr.members)
         idx, suffix, _ = by_group[g.name]
         k = bisect.bisect_right(idx, s.end_index)
         upto = s.ts_us if k >= len(idx) or suffix[k] >= 1 << 62 else min(s.ts_us, suffix[k] - 1)
