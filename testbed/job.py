@@ -8,9 +8,12 @@ and one MLflow run per (scenario, policy) tagged source=testbed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,14 +53,16 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     if rocketmq(policies):
         from testbed.rocketmq import record as rmq
 
-        rec = rmq.run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        with terminate_as_interrupt():
+            rec = rmq.run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
         shutil.rmtree(trace, ignore_errors=True)
         rmq.fill_samples(rec, len(policies))
         manifest = write_trace(rec, trace, rmq.replicate_events(rec), rec.route_poll_phase_us)
     else:
         from testbed.record import run_cluster
 
-        rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        with terminate_as_interrupt():
+            rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
         shutil.rmtree(trace, ignore_errors=True)
         manifest = write_trace(rec, trace)
     for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
@@ -96,6 +101,24 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
     return TestbedResult(out, trace, cases, rec, wall)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While a cluster runs, SIGTERM (a CI timeout, `kill`) raises KeyboardInterrupt as Ctrl-C does, so that the
+    cluster's teardown stops every process group it started and deletes its namespaces instead of leaving them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_sig, _frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def rocketmq(policies: list) -> bool:

@@ -109,3 +109,18 @@ def test_dledger_policies_lay_out_the_groups_and_refuse_mixed_runs():
     with pytest.raises(BadInput):
         rocketmq([parse_policy("dledger"), parse_policy("kafka-acks1")])
     assert rocketmq([parse_policy("dledger")]) and not rocketmq([parse_policy("kafka-acks1")])
+
+
+def test_sigterm_during_a_run_unwinds_like_ctrl_c():
+    """SIGTERM while a cluster runs raises KeyboardInterrupt, so the cluster's context manager stops every process
+    group it started and deletes its namespaces; the previous handler is back afterwards."""
+    import signal
+    import time
+
+    from testbed.job import terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGTERM) == before
