@@ -153,13 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MLflow experiment (default durability-<scenario>)")
     p.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
 
-    p = command("testbed", "replab's predictions beside a real Kafka cluster (SPEC §12)", "pipelines.testbed_job:cli")
+    p = command("testbed", "replab's predictions beside a real Kafka or RocketMQ cluster (SPEC §12)",
+                "pipelines.testbed_job:cli")
     tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", parser_class=_Parser, required=True)
-    t = tsub.add_parser("run", help="run a scenario on a real KRaft cluster, replay its trace, compare",
-                        description="run a scenario on a real KRaft cluster, replay its trace, compare")
+    t = tsub.add_parser("run", help="run a scenario on a real Kafka (KRaft) or RocketMQ cluster, replay its trace, "
+                        "compare", description="run a scenario on a real Kafka (KRaft) or RocketMQ cluster, replay "
+                        "its trace, compare")
     t.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="e.g. testbed-leader-crash")
     t.add_argument("--policy", required=True, action="append", metavar="SPEC",
-                   help="a Kafka policy; repeat for several (one cluster, one topic and producer each)")
+                   help="a Kafka or a dledger policy; repeat for several of one kind (one cluster, one topic and "
+                   "producer each)")
     t.add_argument("--out", required=True, metavar="DIR", help="DIR/trace/ and DIR/comparison.json")
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
     t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")

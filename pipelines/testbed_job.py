@@ -96,6 +96,9 @@ SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("testbed-controlled-shutdown", (ACKS1, DURABLE)),
     ("testbed-zombie-leader", (ACKS1, DURABLE)),
     ("testbed-session-timeout", (ACKS1, DURABLE)),
+    # RocketMQ on a real 5.3.3 cluster (testbed/rocketmq/)
+    ("testbed-rmq-dledger-leader-crash", ("dledger",)),
+    ("testbed-rmq-dledger-crash-after-poll", ("dledger",)),
 )
 BEGIN, END = "<!-- testbed-table:begin -->", "<!-- testbed-table:end -->"
 #: The docs page whose agreement table `make testbed` rewrites (between BEGIN and END).

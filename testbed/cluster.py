@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from testbed.jars import KafkaJars, TestbedUnavailable, java_binary
 from testbed.netns import Network
@@ -93,35 +94,65 @@ class BrokerSettings:
     fetch_wait_ms: int = 500
 
 
-@dataclass
-class KafkaCluster:
-    jars: KafkaJars
-    brokers: list[int]
-    settings: BrokerSettings
+class NodeProcesses:
+    """What every testbed cluster does with its nodes (Kafka's, RocketMQ's): one JVM per node in its own process
+    group and network namespace, killed by group, and the network removed, whenever the run ends."""
+
+    procs: dict[str, subprocess.Popen]
+    started_pgids: list[int]
+    #: the node each running or past JVM's process group belongs to (for the CPU shares)
+    node_of_pgid: dict[int, str]
+    network: Network | None
     workdir: Path
     tag: str
-    network: Network | None = None
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    #: every process group this run started, dead or alive (the teardown and the tests check them all)
-    started_pgids: list[int] = field(default_factory=list)
-    #: the node each running or past JVM's process group belongs to (for the CPU shares)
-    node_of_pgid: dict[int, str] = field(default_factory=dict)
-    cluster_id: str = field(default_factory=lambda: _cluster_id())
+    java: str
+    #: the system's name and the node log whose tail explains a node's exit
+    SYSTEM: ClassVar[str] = "Kafka"
+    NODE_LOG: ClassVar[str] = "server.log"
 
-    # ------------------------------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> KafkaCluster:
+    def _files(self) -> None:
+        """Write the cluster-wide files (logging configuration) into the fresh workdir."""
+        raise NotImplementedError
+
+    def _nodes(self) -> list[str]:
+        """Every node's name, in start order (each gets a network namespace)."""
+        raise NotImplementedError
+
+    def _start_all(self) -> None:
+        raise NotImplementedError
+
+    def _launch(self, name: str, cmd: list[str], log: Path) -> subprocess.Popen:
+        proc = start_group(cmd, log)
+        self.procs[name] = proc
+        self.started_pgids.append(proc.pid)
+        self.node_of_pgid[proc.pid] = name
+        return proc
+
+    def is_up(self, broker: int) -> bool:
+        proc = self.procs.get(broker_name(broker))
+        return proc is not None and proc.poll() is None
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                log = self.workdir / name / self.NODE_LOG
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+                raise TestbedUnavailable(f"{self.SYSTEM} {name} exited with code {proc.returncode}: "
+                                         f"{' | '.join(tail)}")
+
+    def crash(self, broker: int) -> None:
+        self._kill(broker_name(broker), signal.SIGKILL)
+
+    def __enter__(self):
         self.java = java_binary()
         # A new cluster every run: data a previous run left in the same folder is not this cluster's.
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "log4j2.properties").write_text(LOG4J2)
-        self.network = Network(self.tag, [CONTROLLER, *(broker_name(b) for b in self.brokers)])
+        self._files()
+        self.network = Network(self.tag, self._nodes())
         self.network.__enter__()
         try:
-            self._format_all()
-            self._start(CONTROLLER)
-            for b in self.brokers:
-                self._start(broker_name(b))
+            self._start_all()
         except BaseException:
             self.close()
             raise
@@ -139,11 +170,51 @@ class KafkaCluster:
         if self.network is not None:
             self.network.close()
 
-    # ------------------------------------------------------------------------------------------ addresses
     def address(self, name: str) -> str:
         assert self.network is not None
         return self.network.address(name)
 
+    def _kill(self, name: str, sig: int) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            stop_group(proc, sig)
+
+    def isolate(self, broker: int) -> None:
+        assert self.network is not None
+        self.network.isolate(broker_name(broker))
+
+    def heal(self, broker: int) -> None:
+        assert self.network is not None
+        self.network.heal(broker_name(broker))
+
+
+@dataclass
+class KafkaCluster(NodeProcesses):
+    jars: KafkaJars
+    brokers: list[int]
+    settings: BrokerSettings
+    workdir: Path
+    tag: str
+    network: Network | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    #: every process group this run started, dead or alive (the teardown and the tests check them all)
+    started_pgids: list[int] = field(default_factory=list)
+    node_of_pgid: dict[int, str] = field(default_factory=dict)
+    cluster_id: str = field(default_factory=lambda: _cluster_id())
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def _files(self) -> None:
+        (self.workdir / "log4j2.properties").write_text(LOG4J2)
+
+    def _nodes(self) -> list[str]:
+        return [CONTROLLER, *(broker_name(b) for b in self.brokers)]
+
+    def _start_all(self) -> None:
+        self._format_all()
+        for name in self._nodes():
+            self._start(name)
+
+    # ------------------------------------------------------------------------------------------ addresses
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{self.address(broker_name(b))}:{BROKER_PORT}" for b in self.brokers)
@@ -215,43 +286,9 @@ class KafkaCluster:
                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
                f"-javaagent:{self.jars.agent}=host={addr},port={JOLOKIA_PORT},discoveryEnabled=false",
                "-cp", self.jars.classpath, "kafka.Kafka", str(node_dir / "server.properties")]
-        out = open(node_dir / "stdout.log", "ab")  # noqa: SIM115 (the child keeps it open)
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        finally:
-            out.close()
-        self.procs[name] = proc
-        self.started_pgids.append(proc.pid)
-        self.node_of_pgid[proc.pid] = name
-
-    def _kill(self, name: str, sig: int) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-    def is_up(self, broker: int) -> bool:
-        proc = self.procs.get(broker_name(broker))
-        return proc is not None and proc.poll() is None
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                log = self.workdir / name / "server.log"
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-                raise TestbedUnavailable(f"Kafka {name} exited with code {proc.returncode}: {' | '.join(tail)}")
+        self._launch(name, cmd, node_dir / "stdout.log")
 
     # ------------------------------------------------------------------------------------------ faults
-    def crash(self, broker: int) -> None:
-        self._kill(broker_name(broker), signal.SIGKILL)
-
     def shutdown_begin(self, broker: int) -> subprocess.Popen:
         """SIGTERM: Kafka's controlled shutdown; the caller reaps the process (it takes a few seconds)."""
         proc = self.procs.pop(broker_name(broker))
@@ -274,14 +311,6 @@ class KafkaCluster:
                 stopping.wait()
         self._start(broker_name(broker))
 
-    def isolate(self, broker: int) -> None:
-        assert self.network is not None
-        self.network.isolate(broker_name(broker))
-
-    def heal(self, broker: int) -> None:
-        assert self.network is not None
-        self.network.heal(broker_name(broker))
-
     # ------------------------------------------------------------------------------------------ readiness
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Every broker registered and unfenced (visible in the metadata), every Jolokia agent answering."""
@@ -301,6 +330,28 @@ class KafkaCluster:
                 raise TestbedUnavailable(f"the Kafka cluster was not ready after {timeout_s:.0f} s "
                                          f"(logs in {self.workdir})")
             time.sleep(0.5)
+
+
+def start_group(cmd: list[str], log: Path) -> subprocess.Popen:
+    """Start `cmd` in its own process group (its pid is the group id), output appended to `log`."""
+    out = open(log, "ab")  # noqa: SIM115 (the child keeps it open)
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    finally:
+        out.close()
+
+
+def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> None:
+    """Signal the process group `proc` leads and reap it (SIGKILL if it outlives `timeout_s`)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
 
 
 def marked_java_pids(tag: str) -> list[int]:

@@ -23,11 +23,12 @@ class TestbedUnavailable(ReplabError):
     """Something the testbed needs on this machine is missing (Java, Maven, network namespaces): exit 1."""
 
 
-def pinned_version(name: str) -> str:
-    """`kafka.version` / `jolokia.version` from the pom's <properties>: the one place they are pinned."""
-    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", POM.read_text())
+def pinned_version(name: str, pom: Path = POM) -> str:
+    """`kafka.version` / `jolokia.version` (or another pom's property) from the pom's <properties>: the one place
+    they are pinned."""
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
     if not match:
-        raise ReplabError(f"{POM}: no <{name}> property")
+        raise ReplabError(f"{pom}: no <{name}> property")
     return match.group(1).strip()
 
 
@@ -57,6 +58,21 @@ def _complete(lib: Path, version: str) -> bool:
     return (lib / f"kafka_2.13-{version}.jar").is_file() and (lib / f"kafka-clients-{version}.jar").is_file()
 
 
+def copy_dependencies(pom: Path, staging: Path, what: str) -> Path:
+    """`mvn dependency:copy-dependencies` of `pom` into a fresh `staging` folder (the caller moves it in place)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise TestbedUnavailable(f"{what}'s jars are not cached and Maven (mvn) is not installed to resolve them "
+                                 f"from Maven Central ({pom.relative_to(_REPO_ROOT)})")
+    shutil.rmtree(staging, ignore_errors=True)
+    proc = subprocess.run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+                           f"-DoutputDirectory={staging}"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        raise TestbedUnavailable(f"mvn could not resolve {pom.relative_to(_REPO_ROOT)}: {' | '.join(tail)}")
+    return staging
+
+
 def ensure_jars(*, log=print) -> KafkaJars:
     """The cached jars, resolving them with Maven on first use; a clear error when that is impossible."""
     version, agent_version = pinned_version("kafka.version"), pinned_version("jolokia.version")
@@ -64,18 +80,8 @@ def ensure_jars(*, log=print) -> KafkaJars:
     lib, agent = root / "lib", root / "agent" / f"jolokia-agent-jvm-{agent_version}-javaagent.jar"
     if _complete(lib, version) and agent.is_file():
         return KafkaJars(lib, agent, version)
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise TestbedUnavailable(f"Kafka {version}'s jars are not in {lib} and Maven (mvn) is not installed to "
-                                 f"resolve them from Maven Central (testbed/pom.xml)")
     log(f"resolving Apache Kafka {version} and Jolokia {agent_version} from Maven Central into {root} (once)")
-    staging = root / "staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    proc = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                           f"-DoutputDirectory={staging}"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        raise TestbedUnavailable(f"mvn could not resolve testbed/pom.xml: {' | '.join(tail)}")
+    staging = copy_dependencies(POM, root / "staging", f"Kafka {version}")
     # The agent is a separate classifier jar: it goes beside the classpath, not on it.
     agent.parent.mkdir(parents=True, exist_ok=True)
     found = list(staging.glob("jolokia-agent-jvm-*-javaagent.jar"))

@@ -8,9 +8,12 @@ and one MLflow run per (scenario, policy) tagged source=testbed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +42,6 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     tracking code); without it no Spark starts at all (the fast test).
     """
     from testbed.instruments import case_instruments, series
-    from testbed.record import run_cluster
     from testbed.schedule import schedule_from_scenario
     from testbed.trace_writer import write_trace
 
@@ -48,12 +50,24 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     schedule = schedule_from_scenario(scenario)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid() % 100000:05d}"
-    rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
     trace = out / "trace"
-    shutil.rmtree(trace, ignore_errors=True)
-    manifest = write_trace(rec, trace)
-    for node in (out / "cluster").glob("*/data"):  # the logs stay for a post-mortem, the data does not
-        shutil.rmtree(node, ignore_errors=True)
+    if rocketmq(policies):
+        from testbed.rocketmq import record as rmq
+
+        with terminate_as_interrupt():
+            rec = rmq.run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        shutil.rmtree(trace, ignore_errors=True)
+        rmq.fill_samples(rec, len(policies))
+        manifest = write_trace(rec, trace, rmq.replicate_events(rec), rec.route_poll_phase_us)
+    else:
+        from testbed.record import run_cluster
+
+        with terminate_as_interrupt():
+            rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+        shutil.rmtree(trace, ignore_errors=True)
+        manifest = write_trace(rec, trace)
+    for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
+        shutil.rmtree(node, ignore_errors=True)  # the logs stay for a post-mortem, the data does not
     t_recorded = time.monotonic()
 
     if spark_replay:
@@ -64,11 +78,15 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     # Beside SPEC §12's fields, every fault's raw instants (signal, leadership gone, exit, RUNNING): the evidence
     # for the instants the trace records (testbed.observe.Transition).
     faults = rec.fault_instants()
-    for i, c in enumerate(cases):
-        c.instruments = case_instruments(rec, i)
-    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults} for c in cases],
+    extra = _family_evidence(rec)
+    kafka_instruments = not rocketmq(policies)  # the brokers' request metrics and librdkafka's statistics
+    if kafka_instruments:
+        for i, c in enumerate(cases):
+            c.instruments = case_instruments(rec, i)
+    (out / "comparison.json").write_text(json.dumps([{**c.as_json(), "faults": faults, **extra} for c in cases],
                                                     indent=1) + "\n")
-    (out / "instruments.json").write_text(json.dumps(series(rec)) + "\n")
+    if kafka_instruments:
+        (out / "instruments.json").write_text(json.dumps(series(rec)) + "\n")
     # Both sides per message, for a post-mortem of any disagreement (the Delta table holds them too).
     (out / "outcomes").mkdir(exist_ok=True)
     for i, c in enumerate(cases):
@@ -90,6 +108,46 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
             "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
             "total_s": time.monotonic() - t_start}
     return TestbedResult(out, trace, cases, rec, wall)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While a cluster runs, SIGTERM (a CI timeout, `kill`) raises KeyboardInterrupt as Ctrl-C does, so that the
+    cluster's teardown stops every process group it started and deletes its namespaces instead of leaving them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_sig, _frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def rocketmq(policies: list) -> bool:
+    """Whether the run is RocketMQ's (every policy of a run is of one kind: one cluster serves them all)."""
+    from replay.policies import KafkaPolicy
+
+    kinds = {isinstance(p, KafkaPolicy) for p in policies}
+    if len(kinds) > 1:
+        from schemas.errors import BadInput
+
+        raise BadInput("one testbed run starts one cluster: give Kafka and RocketMQ policies in separate runs",
+                       rule="testbed-policy")
+    return kinds == {False}
+
+
+def _family_evidence(rec) -> dict[str, Any]:
+    """RocketMQ: the client's route poll phase and requests, and each election seen in the NameServer's route."""
+    if not hasattr(rec, "route_requests"):
+        return {}
+    return {"route_poll_phase_us": rec.route_poll_phase_us, "route_refresh_ms": rec.route_refresh_ms,
+            "client_start_us": rec.client_start_us, "elections": rec.elections,
+            "route_requests": rec.route_requests, "client_routes": rec.client_routes}
 
 
 def _deliveries(rec, i: int):

@@ -138,7 +138,7 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
                         sample = samplers[0].read(b) if state.get(b) != "down" else None
                         if sample is not None:
                             rec.samples.append(sample)
-                _inject(cluster, kind, broker, state)
+                inject(cluster, kind, broker, state)
                 rec.faults.append((now_us() - rec.t0_us, kind, broker))
                 if kind in (Kind.CRASH, Kind.ISOLATE):
                     # Once the leader is dead or cut off its followers fetch nothing more from it, so their log
@@ -202,7 +202,8 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     return rec
 
 
-def _inject(cluster: KafkaCluster, kind: Kind, broker: int, state: dict[int, str]) -> None:
+def inject(cluster, kind: Kind, broker: int, state: dict[int, str]) -> None:
+    """One fault on `cluster` (Kafka's, or RocketMQ's through its trace-id view), and the broker's new state."""
     if kind is Kind.CRASH:
         state[broker] = "down"
         cluster.crash(broker)

@@ -17,7 +17,7 @@ from testbed.observe import Recording
 from testbed.schedule import topic_of
 
 
-def _away_at(faults: list[tuple[int, Kind, int]]):
+def away_at(faults: list[tuple[int, Kind, int]]):
     """broker -> sorted (ts_us, away?) transitions: down or isolated brokers send no replicate event."""
     trans: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for t, kind, b in faults:
@@ -57,7 +57,7 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
         for mid, (p, off, ms) in reads.items():
             known[(topic_of(i), p, off)].append(_instant(ms * 1000 - rec.t0_us, rec.sent_us[mid]))
     replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
-    away = _away_at(rec.state_faults())
+    away = away_at(rec.state_faults())
 
     out = []
     leads: dict[int, set[tuple[str, int]]] = {}  # each broker's latest view of what it leads
@@ -108,8 +108,11 @@ def _record_at(records: list[tuple[int, int]], ts_us: int) -> int | None:
     return min(records)[1] if records else None
 
 
-def write_trace(rec: Recording, out: Path) -> Manifest:
-    """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet."""
+def write_trace(rec: Recording, out: Path, replicates: list[tuple[int, int, int]] | None = None,
+                route_poll_phase_us: int = 0) -> Manifest:
+    """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet. `replicates` (ts_us, broker,
+    upto_us) when the family's recorder derives them itself (RocketMQ: ledger ends), else from the Kafka samples;
+    `route_poll_phase_us` the real client's route poll phase (RocketMQ)."""
     sch = rec.schedule
     # The run is judged where the producers stopped (SPEC §4.1: at duration_us; the testbed purges what is
     # still queued then). A state change seen after that (a restart whose JVM was RUNNING only after the trace
@@ -122,7 +125,7 @@ def write_trace(rec: Recording, out: Path) -> Manifest:
     for t, kind, b in faults:
         rows.append((t, kind, b, None))
     reps = []
-    for t, b, upto in replicate_events(rec):
+    for t, b, upto in replicate_events(rec) if replicates is None else replicates:
         if t <= duration:
             reps.append((t, b, upto))
     produce = {int(m): j for j, m in enumerate(sch.produce["msg_id"].to_pylist())}
@@ -153,7 +156,8 @@ def write_trace(rec: Recording, out: Path) -> Manifest:
             cols["producer_id"].append(None)
             cols["upto_us"].append(val if what == "r" else None)
     table = pa.Table.from_pydict(cols, schema=EVENT_ARROW_SCHEMA)
-    manifest = Manifest(sch.trace_id, sch.brokers, duration, None, sch.generator)
+    manifest = Manifest(sch.trace_id, sch.brokers, duration, None, sch.generator,
+                        route_poll_phase_us=route_poll_phase_us)
     (out / "events").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out / "events" / "part-000000.parquet")
     manifest.write(out)

@@ -1,0 +1,185 @@
+"""A real Apache RocketMQ cluster for one testbed run (SPEC §12): a NameServer and the policy's DLedger groups, each
+node a small-heap JVM in its own network namespace (`testbed.netns`), as `testbed.cluster` runs Kafka.
+
+Facts of RocketMQ 5.3.3 this follows: the broker needs `-Drocketmq.home.dir` and logs under `${user.home}` (each JVM
+gets its own of both); with every jar on one classpath each process needs its own `-Drmq.logback.configurationFile`;
+`brokerIP1` is set explicitly (the address the NameServer hands to clients); DLedger does not replicate topic
+configuration, so topics are created on every member (`ReplabHarness topics`). `DLedgerCommitLog` copies only a
+few settings into DLedger's own config (peers, group, self id, preferred leader, store paths, file sizes), so
+DLedger's heartbeat interval and leak count stay at their defaults (2000 ms × 3).
+
+Faults are real: crash = SIGKILL, restart = the same broker started again on its store, shutdown = SIGTERM.
+Every process is started in its own process group and stopped by it (on success, failure and Ctrl-C: the
+cluster is a context manager) before the network goes away.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from testbed.cluster import JVM_FLAGS, MARKER, NodeProcesses, broker_name, stop_group
+from testbed.netns import Network
+from testbed.rocketmq.jars import RocketMQJars
+
+NAMESRV = "namesrv"
+NAMESRV_PORT = 9876
+BROKER_PORT = 10911
+DLEDGER_PORT = 40911
+#: The broker maps its commit log (DLedger's data files take the same size): small files on a small machine.
+MAPPED_FILE_BYTES = 64 * 1024 * 1024
+
+LOGBACK = """\
+<configuration>
+  <appender name="file" class="ch.qos.logback.core.FileAppender">
+    <file>${replab.testbed.log}</file>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %p %t %logger{20} - %m%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="file"/></root>
+</configuration>
+"""
+
+
+def dledger_id(broker: int) -> str:
+    return f"n{broker}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One broker group (one brokerName): a DLedger Raft group of `members`, in the policy's layout order."""
+
+    name: str
+    members: tuple[int, ...]
+
+
+@dataclass
+class RocketMQCluster(NodeProcesses):
+    jars: RocketMQJars
+    groups: list[Group]
+    workdir: Path
+    tag: str
+    flush_sync: bool = False
+    network: Network | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    #: every process group this run started, dead or alive (the teardown and the tests check them all)
+    started_pgids: list[int] = field(default_factory=list)
+    node_of_pgid: dict[int, str] = field(default_factory=dict)
+    SYSTEM: ClassVar[str] = "RocketMQ"
+    NODE_LOG: ClassVar[str] = "stdout.log"  # startup failures are printed there, before logging starts
+
+    @property
+    def brokers(self) -> list[int]:
+        return [b for g in self.groups for b in g.members]
+
+    def group_of(self, broker: int) -> Group:
+        return next(g for g in self.groups if broker in g.members)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def _files(self) -> None:
+        (self.workdir / "logback.xml").write_text(LOGBACK)
+
+    def _nodes(self) -> list[str]:
+        return [NAMESRV, *(broker_name(b) for b in self.brokers)]
+
+    def _start_all(self) -> None:
+        for name in self._nodes():
+            self._start(name)
+
+    # ------------------------------------------------------------------------------------------ addresses
+    @property
+    def namesrv(self) -> str:
+        return f"{self.address(NAMESRV)}:{NAMESRV_PORT}"
+
+    def broker_addr(self, broker: int) -> str:
+        return f"{self.address(broker_name(broker))}:{BROKER_PORT}"
+
+    def broker_of_addr(self, addr: str) -> int | None:
+        return next((b for b in self.brokers if self.broker_addr(b) == addr), None)
+
+    def store(self, broker: int) -> Path:
+        return self.workdir / broker_name(broker) / "store"
+
+    def index_file(self, broker: int) -> Path:
+        """The first file of the broker's DLedger entry index (DLedgerConfig: <store>/dledger-<selfId>/index)."""
+        return self.store(broker) / f"dledger-{dledger_id(broker)}" / "index" / f"{0:020d}"
+
+    # ------------------------------------------------------------------------------------------ configs
+    def _config(self, name: str) -> Path:
+        node_dir = self.workdir / name
+        (node_dir / "home").mkdir(parents=True, exist_ok=True)
+        if name == NAMESRV:
+            props: dict[str, object] = {"listenPort": NAMESRV_PORT}
+        else:
+            b = int(name.split("-")[1])
+            g = self.group_of(b)
+            peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
+            props = {
+                "brokerClusterName": "replab", "brokerName": g.name, "listenPort": BROKER_PORT,
+                "namesrvAddr": self.namesrv, "brokerIP1": self.address(name),
+                "storePathRootDir": self.store(b), "storePathCommitLog": self.store(b) / "commitlog",
+                "enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
+                "dLegerSelfId": dledger_id(b), "mappedFileSizeCommitLog": MAPPED_FILE_BYTES,
+                "flushDiskType": "SYNC_FLUSH" if self.flush_sync else "ASYNC_FLUSH",
+                "autoCreateTopicEnable": "false", "autoCreateSubscriptionGroup": "true",
+                "sendMessageThreadPoolNums": 4, "pullMessageThreadPoolNums": 4,
+                # the verifying consumer reads a queue in large pulls (32 messages by default)
+                "maxTransferCountOnMessageInMemory": 1024, "maxTransferBytesOnMessageInMemory": 4 * 1024 * 1024,
+            }
+        path = node_dir / ("namesrv.conf" if name == NAMESRV else "broker.conf")
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    # ------------------------------------------------------------------------------------------ processes
+    def _start(self, name: str) -> None:
+        assert self.network is not None
+        node_dir = self.workdir / name
+        conf = self._config(name)
+        main = ("org.apache.rocketmq.namesrv.NamesrvStartup" if name == NAMESRV
+                else "org.apache.rocketmq.broker.BrokerStartup")
+        cmd = [*self.network.exec_prefix(name), self.java, *JVM_FLAGS, "-XX:MaxDirectMemorySize=256m",
+               f"{MARKER}{self.tag}", f"-Duser.home={node_dir / 'home'}", f"-Drocketmq.home.dir={node_dir}",
+               f"-Drmq.logback.configurationFile={self.workdir / 'logback.xml'}",
+               f"-Dreplab.testbed.log={node_dir / 'server.log'}", "-cp", self.jars.classpath, main, "-c", str(conf)]
+        self._launch(name, cmd, node_dir / "stdout.log")
+
+    # ------------------------------------------------------------------------------------------ faults
+    def shutdown(self, broker: int) -> None:
+        """SIGTERM: the broker unregisters and stops (about 15 s here); reaped before this returns."""
+        self._kill(broker_name(broker), signal.SIGTERM)
+
+    def restart(self, broker: int) -> None:
+        self._start(broker_name(broker))
+
+
+    # ------------------------------------------------------------------------------------------ the harness
+    def harness(self, mode: str, *args: str, out: Path, stdin=None) -> subprocess.Popen:
+        """The client harness (root namespace: it reaches every node over the bridge) in its own process group."""
+        cmd = [self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true",
+               f"{MARKER}{self.tag}", f"-Duser.home={self.workdir / 'client-home'}",
+               f"-Drmq.logback.configurationFile={self.workdir / 'logback.xml'}",
+               f"-Dreplab.testbed.log={self.workdir / 'client.log'}",
+               "-cp", self.jars.harness_classpath, "ReplabHarness", mode, "--namesrv", self.namesrv, *args,
+               "--out", str(out)]
+        log = open(self.workdir / f"harness-{mode}.log", "ab")  # noqa: SIM115 (the child keeps it open)
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, text=True,
+                                    start_new_session=True)
+        finally:
+            log.close()
+        self.procs[f"harness-{mode}-{proc.pid}"] = proc
+        self.started_pgids.append(proc.pid)
+        return proc
+
+    def reap(self, proc: subprocess.Popen, timeout_s: float) -> int:
+        """Wait for a harness process; killed (its group) if it outlives `timeout_s`."""
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc, signal.SIGKILL)
+            rc = -9
+        self.procs = {k: p for k, p in self.procs.items() if p is not proc}
+        return rc

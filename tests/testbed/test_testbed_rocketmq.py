@@ -1,0 +1,126 @@
+"""The testbed against a real RocketMQ cluster (SPEC §12): one 3-node DLedger group, its leader killed once.
+
+Real parts only: RocketMQ 5.3.3 from Maven Central (cached under .cache/rocketmq), the official Java client in the
+testbed's harness, network namespaces. The prediction runs the kernels without Spark (`publish=False`), so that
+the run fits the fast suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from replay.policies import parse_policy
+from schemas.trace import Kind
+
+pytestmark = pytest.mark.testbed
+
+POLICIES = ["dledger"]
+SCENARIO = "testbed-rmq-dledger-leader-crash"
+
+
+@pytest.fixture(scope="module")
+def leader_crash(tmp_path_factory):
+    from testbed.job import run_testbed
+
+    if shutil.which("java") is None or shutil.which("javac") is None:
+        pytest.fail("the RocketMQ testbed cannot run here: it needs a JDK (java and javac)")
+    if os.geteuid() != 0:
+        pytest.fail("the RocketMQ testbed cannot run here: it makes network namespaces (root only)")
+    out = tmp_path_factory.mktemp("testbed-rmq")
+    return run_testbed(None, SCENARIO, [parse_policy(p) for p in POLICIES], POLICIES, out, publish=False,
+                       progress=lambda _t: None)
+
+
+def test_trace_carries_the_crash_the_progress_and_the_client_poll_phase(leader_crash):
+    from storage.trace_loader import read_events_arrow
+
+    manifest, table = read_events_arrow(leader_crash.trace)
+    rec = leader_crash.recording
+    assert manifest.broker_ids == (0, 1, 2)
+    rows = table.to_pandas()
+    assert rows["kind"].tolist().count("crash") == 1
+    assert (rows["kind"] == "produce").sum() == len(rec.sent_us) > 2500
+    # The successors' ledger ends were read from DLedger's index files about every 50 ms (SPEC §12: ≤ 200 ms).
+    rep = rows[rows["kind"] == "replicate"]
+    for b in (1, 2):
+        gaps = rep[(rep["broker"] == b) & (rep["ts_us"] < 15_000_000)]["ts_us"].diff().dropna()
+        assert len(gaps) > 50 and gaps.median() <= 200_000
+    assert (rep["upto_us"] <= rep["ts_us"]).all()
+    # The real client's route polls: the scheduled ones fall every route_refresh_ms from the recorded phase.
+    period = rec.route_refresh_ms * 1000
+    assert manifest.route_poll_phase_us == rec.route_poll_phase_us and 0 <= rec.route_poll_phase_us < period
+    polls = [r["t"] for r in rec.route_requests if r["thread"].startswith("MQClientFactoryScheduledThread")
+             and 0 <= r["t"] <= manifest.duration_us]
+    assert len(polls) >= 2
+    # (scheduleAtFixedRate keeps the grid; a loaded machine may start a poll's request late, never early)
+    assert all(abs((t - rec.route_poll_phase_us + period // 2) % period - period // 2) < 1_000_000 for t in polls)
+
+
+def test_comparison_has_both_sides_and_the_observed_outage(leader_crash):
+    data = json.loads((leader_crash.out / "comparison.json").read_text())
+    assert [d["policy"] for d in data] == POLICIES
+    d = data[0]
+    for side in ("predicted", "observed"):
+        assert d[side]["produced"] == len(leader_crash.recording.sent_us)
+        assert d[side]["acked"] > 0
+    # DLedger commits at a majority: one crash of three loses no acknowledged message, on the real cluster.
+    assert d["observed"]["acked_lost"] == 0
+    # The crash stopped the group's writes until the client learned the successor: an outage of seconds,
+    # seen as failed sends and as the time to the successor's first acknowledgement.
+    assert d["observed"]["failed"] > 0 and d["observed"]["unavailable_partition_seconds"] > 4 * 5.0
+    assert d["failover_ms"]["observed"] is not None and d["failover_ms"]["observed"] > 5000
+    # The successor registered as master seconds after the SIGKILL (DLedger's election, 2000 ms × 3 + the vote).
+    (election,) = d["elections"]
+    assert election["broker"] == 0 and election["new_master"] in (1, 2)
+    assert 5_000 < election["election_ms"] < 30_000
+    assert election["master_dropped_us"] - election["fault_us"] < 2_000_000  # the NameServer drops it at once
+    crash, restart = d["faults"]
+    assert (crash["kind"], restart["kind"]) == ("crash", "restart")
+    assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
+
+
+def test_every_process_and_namespace_is_gone(leader_crash):
+    from testbed.cluster import marked_java_pids
+    from testbed.netns import leftover_namespaces
+
+    rec = leader_crash.recording
+    assert len(rec.pgids) >= 1 + 3 + 1 + 2  # NameServer, brokers, the restarted broker, the harness runs
+    for pgid in rec.pgids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
+    assert marked_java_pids(rec.tag) == []
+    assert leftover_namespaces(rec.tag) == []
+
+
+def test_dledger_policies_lay_out_the_groups_and_refuse_mixed_runs():
+    """No cluster needed: the groups a run starts, and the policies one cluster cannot serve together."""
+    from schemas.errors import BadInput
+    from testbed.job import rocketmq
+    from testbed.rocketmq.record import groups_of
+
+    groups, qpg, refresh = groups_of([parse_policy("dledger:group_size=3,queues_per_group=8")], 7)
+    assert [g.members for g in groups] == [(0, 1, 2), (3, 4, 5)] and (qpg, refresh) == (8, 30000)
+    with pytest.raises(BadInput):
+        groups_of([parse_policy("dledger"), parse_policy("dledger:route_refresh_ms=10000")], 3)
+    with pytest.raises(BadInput):
+        rocketmq([parse_policy("dledger"), parse_policy("kafka-acks1")])
+    assert rocketmq([parse_policy("dledger")]) and not rocketmq([parse_policy("kafka-acks1")])
+
+
+def test_sigterm_during_a_run_unwinds_like_ctrl_c():
+    """SIGTERM while a cluster runs raises KeyboardInterrupt, so the cluster's context manager stops every process
+    group it started and deletes its namespaces; the previous handler is back afterwards."""
+    import signal
+    import time
+
+    from testbed.job import terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGTERM) == before
