@@ -71,7 +71,7 @@ def test_comparison_has_both_sides_and_the_observed_outage(leader_crash):
     assert d["observed"]["acked_lost"] == 0
     # The crash stopped the group's writes until the client learned the successor: an outage of seconds,
     # seen as failed sends and as the time to the successor's first acknowledgement.
-    assert d["observed"]["failed"] > 0 and d["observed"]["unavailable_partition_seconds"] > 4 * 5.0
+    assert d["observed"]["failed"] > 0 and d["observed"]["unavailable_partition_seconds"] > 5.0
     assert d["failover_ms"]["observed"] is not None and d["failover_ms"]["observed"] > 5000
     # The successor registered as master seconds after the SIGKILL (DLedger's election, 2000 ms × 3 + the vote).
     (election,) = d["elections"]
