@@ -134,6 +134,33 @@ def majority(size: int) -> int:
     return size // 2 + 1
 
 
+@dataclass(frozen=True)
+class RouteClock:
+    """When the producers' route changes (SPEC §3.7 R-1, R-5), the same for every group of a trace.
+
+    `phase_us`: polls at phase_us + k × route_refresh_ms (k ≥ 0), the trace manifest's route_poll_phase_us; the
+    route at time 0 is the initial one (every group, first member as master). `refetch_us`: the instants at which
+    a producer whose polled route held no queue fetched a fresh, non-empty one (R-5): there every group's
+    client-known master becomes its master of that moment, until the next poll. Routing derives them from every
+    group's NameServer registration (`route_model`); a group's engines only replay them."""
+
+    phase_us: int = 0
+    refetch_us: tuple[int, ...] = ()
+
+    def poll_at(self, t: int, refresh_ms: int) -> int:
+        """The first route poll at or after t that can teach clients anything (the route at 0 is the initial
+        one, so a poll at 0 teaches nothing)."""
+        r = refresh_ms * MS
+        p = self.phase_us + max(0, -(-(t - self.phase_us) // r)) * r
+        return p if p > 0 else r
+
+    def last_poll(self, ts: np.ndarray, refresh_ms: int) -> np.ndarray:
+        """The last poll strictly before each instant; 0 (the initial route) where none is after time 0."""
+        r = refresh_ms * MS
+        k = -(-(np.asarray(ts, dtype=np.int64) - self.phase_us) // r) - 1
+        return np.where(k < 0, 0, self.phase_us + k * r)
+
+
 # ====================================================================================== control plane
 @dataclass
 class ControlState:
@@ -152,10 +179,11 @@ class ControlPlane:
     `hooks` (the kernel) is told of elections, step-downs and client switches, to apply their data effects.
     """
 
-    def __init__(self, policy: Policy, members: tuple[int, ...], hooks=None) -> None:
+    def __init__(self, policy: Policy, members: tuple[int, ...], hooks=None, clock: RouteClock | None = None) -> None:
         self.p = policy
         self.members = tuple(members)
         self.hooks = hooks
+        self.clock = clock or RouteClock()
         self.up = {b: True for b in members}
         self.iso = {b: False for b in members}
         self.leader: int | None = members[0]  # master / leader; None while the group has none
@@ -169,10 +197,12 @@ class ControlPlane:
         self.registered = True
         self.ns_pending = False
         self.handlers = self._handlers()
+        self.refetch_i = 0
+        self._next_refetch()
 
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
         """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
-        return {"ns": self._on_ns, "poll": self._on_poll}
+        return {"ns": self._on_ns, "poll": self._on_poll, "refetch": self._on_refetch}
 
     # ------------------------------------------------------------------------------------ plumbing
     def alive(self, b: int) -> bool:
@@ -254,10 +284,9 @@ class ControlPlane:
 
     # ------------------------------------------------------------------- route polls (SPEC §3.7 R-1)
     def _poll_at(self, t: int) -> int:
-        """The first route poll at or after t: polls run every route_refresh_ms from 0, and the poll at 0 is the
-        initial route (every group, its first member as master), so the first that can teach anything is at r."""
-        r = self.p.route_refresh_ms * MS
-        return max(r, -(-t // r) * r)
+        """The first route poll at or after t (polls every route_refresh_ms from the trace's route-poll phase; the
+        route at 0 is the initial one, every group with its first member as master)."""
+        return self.clock.poll_at(t, self.p.route_refresh_ms)
 
     def _schedule_poll(self, t: int) -> None:
         """R-1: clients learn the group's master only from the NameServer route (`MQClientInstance`
@@ -268,6 +297,16 @@ class ControlPlane:
         self.target = self.leader  # the group's master of that moment, None if it has none
         if self.hooks is not None:
             self.hooks.on_switch(t)
+
+    def _next_refetch(self) -> None:
+        if self.refetch_i < len(self.clock.refetch_us):
+            self._push(self.clock.refetch_us[self.refetch_i], C_POLL, "refetch")
+            self.refetch_i += 1
+
+    def _on_refetch(self, t: int, arg: int) -> None:
+        """R-5 (SPEC §3.7): the fresh route an empty one was replaced with names every group's master of now."""
+        self._next_refetch()
+        self.handlers["poll"](t, arg)
 
     def _register_leader(self, b: int) -> None:
         self.reg_broker = b
@@ -293,8 +332,9 @@ class ClassicControlPlane(ControlPlane):
 class DLedgerControlPlane(ControlPlane):
     """SPEC §3.4 rule 3 with C1 and C6."""
 
-    def __init__(self, policy: DLedgerPolicy, members: tuple[int, ...], hooks=None) -> None:
-        super().__init__(policy, members, hooks)
+    def __init__(self, policy: DLedgerPolicy, members: tuple[int, ...], hooks=None,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, members, hooks, clock)
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
@@ -373,6 +413,12 @@ class DLedgerControlPlane(ControlPlane):
 
     def _on_stepdown(self, t: int, _: int) -> None:
         isolated = self.iso[self.leader]
+        if not isolated and self.reg_broker == self.leader and self.registered:
+            # R-5: a leader that steps down while it reaches the NameServer registers again as a follower
+            # (`DLedgerRoleChangeHandler` → `BrokerController.changeToSlave`): the group has no master listed
+            self.registered = False
+            self.ns_pending = False
+            self._cancel("ns")
         self._lose_leader(t)
         if isolated:
             return  # followers noticed at this same instant; the election is scheduled below
@@ -407,8 +453,9 @@ class DLedgerControlPlane(ControlPlane):
 class ControllerControlPlane(ControlPlane):
     """SPEC §3.5 with C1 and C7."""
 
-    def __init__(self, policy: RocketMQControllerPolicy, members: tuple[int, ...], hooks=None) -> None:
-        super().__init__(policy, members, hooks)
+    def __init__(self, policy: RocketMQControllerPolicy, members: tuple[int, ...], hooks=None,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, members, hooks, clock)
         self.reincarnated = False  # the master restarted while its death was not yet noticed
         self.detect_pending = False
         self.zombie: int | None = None  # a replaced master, isolated, that still believes it leads (C7)
@@ -560,8 +607,9 @@ CONTROL_CLASSES = {"rocketmq": ClassicControlPlane, "dledger": DLedgerControlPla
                    "rocketmq-controller": ControllerControlPlane}
 
 
-def control_plane(policy: Policy, members: tuple[int, ...], hooks=None) -> ControlPlane:
-    return CONTROL_CLASSES[policy.family](policy, members, hooks)
+def control_plane(policy: Policy, members: tuple[int, ...], hooks=None,
+                  clock: RouteClock | None = None) -> ControlPlane:
+    return CONTROL_CLASSES[policy.family](policy, members, hooks, clock)
 
 
 # ==================================================================================== route model
@@ -581,9 +629,9 @@ class GroupTimeline:
 
 
 def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionEvents,
-                   duration_us: int) -> GroupTimeline:
+                   duration_us: int, clock: RouteClock | None = None) -> GroupTimeline:
     """Run the control plane over the whole fault timeline and record its state after each event."""
-    cp = control_plane(policy, members)
+    cp = control_plane(policy, members, clock=clock)
     q = majority(len(members))
     def quorum() -> bool:
         return cp.can_commit() if isinstance(cp, DLedgerControlPlane) else cp.alive_count() >= q
