@@ -30,15 +30,23 @@ C2 Cross-group retries happen only for failures the fault timeline predicts: the
    the unit with their own error.
 C3 The uncommitted copy left by a DLedger attempt that is retried elsewhere is not appended at the first group
    (it could only surface as a duplicate, which one outcome row per message cannot show).
-C4 NameServer (SPEC §3.3 rule 1): the group's registered master (leader) is dropped at once when it crashes or
-   shuts down while reachable, 120000 ms after it loses power or disk or is isolated (a crash while isolated is
-   not seen either), and registers again when it is reachable and still master; a newly elected leader
-   registers at its election. Producer polls every route_refresh_ms from time 0 see the state after every event
-   of their instant; the route used by a send at t is the last poll strictly before t (the poll at 0 holds
-   every group), because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
+C4 NameServer (SPEC §3.3 rule 1, §3.7 R-5): the group's registered master (leader) is dropped at once when it
+   crashes or shuts down while reachable (`RouteInfoManager.onChannelDestroy`), 120000 ms after it loses power or
+   disk or is isolated (a crash while isolated is not seen either), and registers again when it is reachable and
+   still master; a newly elected leader registers at its election; a DLedger leader that steps down while
+   reachable registers again as a follower (`DLedgerRoleChangeHandler` → `BrokerController.changeToSlave`), so
+   its group has no master listed. A route holds the queues of exactly the groups with a registered master
+   (`MQClientInstance.topicRouteData2TopicPublishInfo` skips a broker name without brokerId 0). Producer polls
+   every route_refresh_ms from the trace's route_poll_phase_us (SPEC §2; the route at 0 holds every group) see
+   the state after every event of their instant; the route used by a send at t is the last poll strictly before
+   t, because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
 C8 A producer whose route holds no queue asks the NameServer again at every send (RocketMQ's
-   `tryToFindTopicPublishInfo` refreshes while `TopicPublishInfo.ok()` is false), so such a send uses the groups
-   registered at its own instant (after that instant's trace events) instead of an empty route.
+   `DefaultMQProducerImpl.tryToFindTopicPublishInfo` refreshes while `TopicPublishInfo.ok()` is false), so such
+   a send uses the groups registered at its own instant (after that instant's trace events) instead of an empty
+   route. R-5: the first fresh route that holds a queue replaces the cached one, with the masters of that
+   moment, until the next poll. replab takes that fetch at the first instant after the empty poll at which any
+   group has a registered master (after every event of that instant, as if a send were made then): the
+   `RouteClock`'s refetches, which every group's control plane replays as a poll (`routing.refetches`).
 C5 Queue choice on failover (SPEC §3.3 rule 3): the next queue in route order whose group differs from the
    failed one; with a single group in the route, the next queue (RocketMQ's fallback selector), so a DLedger
    retry may return to the same group. The route of a send is fixed at its first attempt (RocketMQ fetches
@@ -79,14 +87,13 @@ C9 Controller refusals (SPEC §3.7 C-2; `SendMessageProcessor` answers IN_SYNC_R
    back but not yet caught up, the set of a new master before its slaves report) are not predicted and fail in
    the unit, as C2 says.
 R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`):
-   `dledger` and `rocketmq-controller` clients learn a group's master only from their route polls (every
-   route_refresh_ms from 0; the poll at 0 is the initial route, first member as master). `target` is the
-   client-known master, set at every poll (after the events of its instant) to the group's master of that moment
-   (None if none); a send to the group is taken only if that broker is still its master (or a zombie) and takes
-   writes, else it is refused at once and retried on another group (rule 3). Polls are scheduled lazily, at the
-   first poll at or after a leader change; re-electing the client-known broker needs none. A C8 refetch (empty
-   route) refreshes the queue list only: the client-known masters change at polls (RocketMQ keeps its old route
-   when the NameServer has none for the topic, so only a poll that finds the group teaches its new master).
+   `dledger` and `rocketmq-controller` clients learn a group's master only from their route: the polls (every
+   route_refresh_ms from the trace's phase; the route at 0 is the initial one, first member as master) and R-5's
+   refetches of an empty route (C8). `target` is the client-known master, set at each of them (after the events
+   of its instant) to the group's master of that moment (None if none); a send to the group is taken only if
+   that broker is still its master (or a zombie) and takes writes, else it is refused at once and retried on
+   another group (rule 3). Polls are scheduled lazily, at the first poll at or after a leader change;
+   re-electing the client-known broker needs none.
 """
 
 from __future__ import annotations
