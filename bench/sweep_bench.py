@@ -51,8 +51,8 @@ def core_seconds(spec, seeds: list[int]) -> float:
         manifest = manifest_for(plan)
         tables = [chunk_table(plan, c)[0] for c in range(plan.n_chunks)]
         started = time.process_time()
-        runs, classes = plan_runs(spec, manifest, plan.duration_us)
         control = control_of(plan)
+        runs, classes = plan_runs(spec, manifest, plan.duration_us, control)
         for c, table in enumerate(tables):
             _, hi, last = plan.chunk_span(c)
             feed_chunk(table, plan.duration_us + 1 if last else hi, classes, manifest, control)

@@ -27,7 +27,7 @@ from engine.metrics import (
     message_windows,
 )
 from replay.events import PartitionEvents, hosted_rows
-from replay.families import family_of
+from replay.families import engine_context, family_of
 from replay.family import Layout, RouteInput
 from replay.policies import Policy
 from schemas.outcomes import NULL_US
@@ -245,7 +245,8 @@ class UnitReplay:
         duration = plan.manifest.duration_us
         self.kernels = []
         for idx, policy, layout in rc.members:
-            k = family_of(policy).kernel(policy, unit, layout.replicas[unit], duration)
+            context = engine_context(policy, plan.manifest, plan.control)
+            k = family_of(policy).kernel(policy, unit, layout.replicas[unit], duration, **context)
             if hasattr(k, "window_us"):
                 k.window_us = plan.window_us
             self.kernels.append((idx, k))

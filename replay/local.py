@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from replay.events import PartitionEvents, hosted_rows, split_trace_table
-from replay.families import family_of
+from replay.families import engine_context, family_of
 from replay.family import RouteInput
 from replay.policies import Policy
 from replay.results import PartitionResult
@@ -53,7 +53,8 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
                                  broker_events.broker_ts[hosted], broker_events.broker_kind[hosted],
                                  broker_events.broker_id[hosted], broker_events.broker_upto[hosted], payload).sorted()
     partition_of = dict(zip(produce["msg_id"].tolist(), routed.partition.tolist(), strict=True))
-    return out, {"layout": layout, "partition_of": partition_of}
+    context = engine_context(policy, manifest, control_events(broker_events))
+    return out, {"layout": layout, "partition_of": partition_of, "context": context}
 
 
 def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: str = "kernel",
@@ -64,13 +65,14 @@ def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: st
     """
     fam = family_of(policy)
     events, info = unit_events(policy, manifest, table)
-    layout = info["layout"]
+    layout, context = info["layout"], info["context"]
     results = []
     for u in layout.units:
         if engine == "reference":
-            results.append(fam.reference(policy, u, layout.replicas[u], events[u], manifest.duration_us))
+            results.append(fam.reference(policy, u, layout.replicas[u], events[u], manifest.duration_us,
+                                         **context))
             continue
-        replay = fam.kernel(policy, u, layout.replicas[u], manifest.duration_us)
+        replay = fam.kernel(policy, u, layout.replicas[u], manifest.duration_us, **context)
         start = 0
         for cut in [*(chunks or []), manifest.duration_us + 1]:
             replay.advance(events[u].slice_time(start, cut), cut)

@@ -8,7 +8,8 @@ Traces come from the scenario library (`dledger5-single-failure`, `dledger5-doub
 vectorized kernels (`replay.local.replay_local`). Unavailability is normalized per partition/queue, so both
 families read as "seconds of a whole-topic outage": a DLedger group's outage counts for each of its 50 queues.
 
-RocketMQ clients learn a new DLedger leader only at their route poll, every 30 s from 0 (SPEC §3.7 R-1), so the
+RocketMQ clients learn a new DLedger leader from their route, polled every 30 s from 0 (SPEC §3.7 R-1; a poll
+that finds no master leaves the route empty and sends fetch it again until the new leader registers, R-5), so the
 DLedger outage depends on where the failure falls between two polls: the phase table replays the same trace
 shifted by 0, 2, …, 28 s (failures at 60 + s s) and gives the best, worst and mean topic outage. Outages depend
 on the fault timeline only, so the phase sweep keeps every k-th produce and report (`--phase-thin`; the library

@@ -89,8 +89,8 @@ def slug(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- one seed
-def plan_runs(spec: SweepSpec, manifest, duration_us: int) -> tuple[list[_Run], list[list[_Run]]]:
-    from replay.families import family_of
+def plan_runs(spec: SweepSpec, manifest, duration_us: int, control) -> tuple[list[_Run], list[list[_Run]]]:
+    from replay.families import engine_context, family_of
 
     runs, classes = [], {}
     for i, policy in enumerate(spec.policies):
@@ -98,7 +98,7 @@ def plan_runs(spec: SweepSpec, manifest, duration_us: int) -> tuple[list[_Run], 
         layout = fam.layout(policy, manifest)
         run = _Run(i, policy, layout, {u: len(fam.partitions_of(policy, layout, u)) for u in layout.units})
         for u in layout.units:
-            k = fam.kernel(policy, u, layout.replicas[u], duration_us)
+            k = fam.kernel(policy, u, layout.replicas[u], duration_us, **engine_context(policy, manifest, control))
             if hasattr(k, "window_us"):
                 k.window_us = spec.window_us
             run.kernels[u] = k
@@ -247,8 +247,8 @@ def seed_rows(spec: SweepSpec, seed: int) -> list[dict[str, Any]]:
     started = time.monotonic()
     plan = build_plan(spec.scenario, seed, spec.scale)
     manifest = manifest_for(plan)
-    runs, classes = plan_runs(spec, manifest, plan.duration_us)
     control = control_of(plan)
+    runs, classes = plan_runs(spec, manifest, plan.duration_us, control)
     rules = TraceRules(manifest)
     fatal = False
     chunks: Iterator[tuple[int, pa.Table]] = ((c, chunk_table(plan, c)[0]) for c in range(plan.n_chunks))

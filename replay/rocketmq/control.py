@@ -30,15 +30,23 @@ C2 Cross-group retries happen only for failures the fault timeline predicts: the
    the unit with their own error.
 C3 The uncommitted copy left by a DLedger attempt that is retried elsewhere is not appended at the first group
    (it could only surface as a duplicate, which one outcome row per message cannot show).
-C4 NameServer (SPEC §3.3 rule 1): the group's registered master (leader) is dropped at once when it crashes or
-   shuts down while reachable, 120000 ms after it loses power or disk or is isolated (a crash while isolated is
-   not seen either), and registers again when it is reachable and still master; a newly elected leader
-   registers at its election. Producer polls every route_refresh_ms from time 0 see the state after every event
-   of their instant; the route used by a send at t is the last poll strictly before t (the poll at 0 holds
-   every group), because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
+C4 NameServer (SPEC §3.3 rule 1, §3.7 R-5): the group's registered master (leader) is dropped at once when it
+   crashes or shuts down while reachable (`RouteInfoManager.onChannelDestroy`), 120000 ms after it loses power or
+   disk or is isolated (a crash while isolated is not seen either), and registers again when it is reachable and
+   still master; a newly elected leader registers at its election; a DLedger leader that steps down while
+   reachable registers again as a follower (`DLedgerRoleChangeHandler` → `BrokerController.changeToSlave`), so
+   its group has no master listed. A route holds the queues of exactly the groups with a registered master
+   (`MQClientInstance.topicRouteData2TopicPublishInfo` skips a broker name without brokerId 0). Producer polls
+   every route_refresh_ms from the trace's route_poll_phase_us (SPEC §2; the route at 0 holds every group) see
+   the state after every event of their instant; the route used by a send at t is the last poll strictly before
+   t, because derived events such as polls apply after trace events of the same instant (SPEC §2.2).
 C8 A producer whose route holds no queue asks the NameServer again at every send (RocketMQ's
-   `tryToFindTopicPublishInfo` refreshes while `TopicPublishInfo.ok()` is false), so such a send uses the groups
-   registered at its own instant (after that instant's trace events) instead of an empty route.
+   `DefaultMQProducerImpl.tryToFindTopicPublishInfo` refreshes while `TopicPublishInfo.ok()` is false), so such
+   a send uses the groups registered at its own instant (after that instant's trace events) instead of an empty
+   route. R-5: the first fresh route that holds a queue replaces the cached one, with the masters of that
+   moment, until the next poll. replab takes that fetch at the first instant after the empty poll at which any
+   group has a registered master (after every event of that instant, as if a send were made then): the
+   `RouteClock`'s refetches, which every group's control plane replays as a poll (`routing.refetches`).
 C5 Queue choice on failover (SPEC §3.3 rule 3): the next queue in route order whose group differs from the
    failed one; with a single group in the route, the next queue (RocketMQ's fallback selector), so a DLedger
    retry may return to the same group. The route of a send is fixed at its first attempt (RocketMQ fetches
@@ -79,14 +87,13 @@ C9 Controller refusals (SPEC §3.7 C-2; `SendMessageProcessor` answers IN_SYNC_R
    back but not yet caught up, the set of a new master before its slaves report) are not predicted and fail in
    the unit, as C2 says.
 R-1 (SPEC §3.7; `MQClientInstance` pollNameServerInterval, `DefaultMQProducerImpl.tryToFindTopicPublishInfo`):
-   `dledger` and `rocketmq-controller` clients learn a group's master only from their route polls (every
-   route_refresh_ms from 0; the poll at 0 is the initial route, first member as master). `target` is the
-   client-known master, set at every poll (after the events of its instant) to the group's master of that moment
-   (None if none); a send to the group is taken only if that broker is still its master (or a zombie) and takes
-   writes, else it is refused at once and retried on another group (rule 3). Polls are scheduled lazily, at the
-   first poll at or after a leader change; re-electing the client-known broker needs none. A C8 refetch (empty
-   route) refreshes the queue list only: the client-known masters change at polls (RocketMQ keeps its old route
-   when the NameServer has none for the topic, so only a poll that finds the group teaches its new master).
+   `dledger` and `rocketmq-controller` clients learn a group's master only from their route: the polls (every
+   route_refresh_ms from the trace's phase; the route at 0 is the initial one, first member as master) and R-5's
+   refetches of an empty route (C8). `target` is the client-known master, set at each of them (after the events
+   of its instant) to the group's master of that moment (None if none); a send to the group is taken only if
+   that broker is still its master (or a zombie) and takes writes, else it is refused at once and retried on
+   another group (rule 3). Polls are scheduled lazily, at the first poll at or after a leader change;
+   re-electing the client-known broker needs none.
 """
 
 from __future__ import annotations
@@ -134,6 +141,33 @@ def majority(size: int) -> int:
     return size // 2 + 1
 
 
+@dataclass(frozen=True)
+class RouteClock:
+    """When the producers' route changes (SPEC §3.7 R-1, R-5), the same for every group of a trace.
+
+    `phase_us`: polls at phase_us + k × route_refresh_ms (k ≥ 0), the trace manifest's route_poll_phase_us; the
+    route at time 0 is the initial one (every group, first member as master). `refetch_us`: the instants at which
+    a producer whose polled route held no queue fetched a fresh, non-empty one (R-5): there every group's
+    client-known master becomes its master of that moment, until the next poll. Routing derives them from every
+    group's NameServer registration (`route_model`); a group's engines only replay them."""
+
+    phase_us: int = 0
+    refetch_us: tuple[int, ...] = ()
+
+    def poll_at(self, t: int, refresh_ms: int) -> int:
+        """The first route poll at or after t that can teach clients anything (the route at 0 is the initial
+        one, so a poll at 0 teaches nothing)."""
+        r = refresh_ms * MS
+        p = self.phase_us + max(0, -(-(t - self.phase_us) // r)) * r
+        return p if p > 0 else r
+
+    def last_poll(self, ts: np.ndarray, refresh_ms: int) -> np.ndarray:
+        """The last poll strictly before each instant; 0 (the initial route) where none is after time 0."""
+        r = refresh_ms * MS
+        k = -(-(np.asarray(ts, dtype=np.int64) - self.phase_us) // r) - 1
+        return np.where(k < 0, 0, self.phase_us + k * r)
+
+
 # ====================================================================================== control plane
 @dataclass
 class ControlState:
@@ -152,10 +186,11 @@ class ControlPlane:
     `hooks` (the kernel) is told of elections, step-downs and client switches, to apply their data effects.
     """
 
-    def __init__(self, policy: Policy, members: tuple[int, ...], hooks=None) -> None:
+    def __init__(self, policy: Policy, members: tuple[int, ...], hooks=None, clock: RouteClock | None = None) -> None:
         self.p = policy
         self.members = tuple(members)
         self.hooks = hooks
+        self.clock = clock or RouteClock()
         self.up = {b: True for b in members}
         self.iso = {b: False for b in members}
         self.leader: int | None = members[0]  # master / leader; None while the group has none
@@ -169,10 +204,12 @@ class ControlPlane:
         self.registered = True
         self.ns_pending = False
         self.handlers = self._handlers()
+        self.refetch_i = 0
+        self._next_refetch()
 
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
         """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
-        return {"ns": self._on_ns, "poll": self._on_poll}
+        return {"ns": self._on_ns, "poll": self._on_poll, "refetch": self._on_refetch}
 
     # ------------------------------------------------------------------------------------ plumbing
     def alive(self, b: int) -> bool:
@@ -254,10 +291,9 @@ class ControlPlane:
 
     # ------------------------------------------------------------------- route polls (SPEC §3.7 R-1)
     def _poll_at(self, t: int) -> int:
-        """The first route poll at or after t: polls run every route_refresh_ms from 0, and the poll at 0 is the
-        initial route (every group, its first member as master), so the first that can teach anything is at r."""
-        r = self.p.route_refresh_ms * MS
-        return max(r, -(-t // r) * r)
+        """The first route poll at or after t (polls every route_refresh_ms from the trace's route-poll phase; the
+        route at 0 is the initial one, every group with its first member as master)."""
+        return self.clock.poll_at(t, self.p.route_refresh_ms)
 
     def _schedule_poll(self, t: int) -> None:
         """R-1: clients learn the group's master only from the NameServer route (`MQClientInstance`
@@ -268,6 +304,16 @@ class ControlPlane:
         self.target = self.leader  # the group's master of that moment, None if it has none
         if self.hooks is not None:
             self.hooks.on_switch(t)
+
+    def _next_refetch(self) -> None:
+        if self.refetch_i < len(self.clock.refetch_us):
+            self._push(self.clock.refetch_us[self.refetch_i], C_POLL, "refetch")
+            self.refetch_i += 1
+
+    def _on_refetch(self, t: int, arg: int) -> None:
+        """R-5 (SPEC §3.7): the fresh route an empty one was replaced with names every group's master of now."""
+        self._next_refetch()
+        self.handlers["poll"](t, arg)
 
     def _register_leader(self, b: int) -> None:
         self.reg_broker = b
@@ -293,8 +339,9 @@ class ClassicControlPlane(ControlPlane):
 class DLedgerControlPlane(ControlPlane):
     """SPEC §3.4 rule 3 with C1 and C6."""
 
-    def __init__(self, policy: DLedgerPolicy, members: tuple[int, ...], hooks=None) -> None:
-        super().__init__(policy, members, hooks)
+    def __init__(self, policy: DLedgerPolicy, members: tuple[int, ...], hooks=None,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, members, hooks, clock)
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
@@ -373,6 +420,12 @@ class DLedgerControlPlane(ControlPlane):
 
     def _on_stepdown(self, t: int, _: int) -> None:
         isolated = self.iso[self.leader]
+        if not isolated and self.reg_broker == self.leader and self.registered:
+            # R-5: a leader that steps down while it reaches the NameServer registers again as a follower
+            # (`DLedgerRoleChangeHandler` → `BrokerController.changeToSlave`): the group has no master listed
+            self.registered = False
+            self.ns_pending = False
+            self._cancel("ns")
         self._lose_leader(t)
         if isolated:
             return  # followers noticed at this same instant; the election is scheduled below
@@ -407,8 +460,9 @@ class DLedgerControlPlane(ControlPlane):
 class ControllerControlPlane(ControlPlane):
     """SPEC §3.5 with C1 and C7."""
 
-    def __init__(self, policy: RocketMQControllerPolicy, members: tuple[int, ...], hooks=None) -> None:
-        super().__init__(policy, members, hooks)
+    def __init__(self, policy: RocketMQControllerPolicy, members: tuple[int, ...], hooks=None,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, members, hooks, clock)
         self.reincarnated = False  # the master restarted while its death was not yet noticed
         self.detect_pending = False
         self.zombie: int | None = None  # a replaced master, isolated, that still believes it leads (C7)
@@ -560,8 +614,9 @@ CONTROL_CLASSES = {"rocketmq": ClassicControlPlane, "dledger": DLedgerControlPla
                    "rocketmq-controller": ControllerControlPlane}
 
 
-def control_plane(policy: Policy, members: tuple[int, ...], hooks=None) -> ControlPlane:
-    return CONTROL_CLASSES[policy.family](policy, members, hooks)
+def control_plane(policy: Policy, members: tuple[int, ...], hooks=None,
+                  clock: RouteClock | None = None) -> ControlPlane:
+    return CONTROL_CLASSES[policy.family](policy, members, hooks, clock)
 
 
 # ==================================================================================== route model
@@ -581,9 +636,9 @@ class GroupTimeline:
 
 
 def group_timeline(policy: Policy, members: tuple[int, ...], control: PartitionEvents,
-                   duration_us: int) -> GroupTimeline:
+                   duration_us: int, clock: RouteClock | None = None) -> GroupTimeline:
     """Run the control plane over the whole fault timeline and record its state after each event."""
-    cp = control_plane(policy, members)
+    cp = control_plane(policy, members, clock=clock)
     q = majority(len(members))
     def quorum() -> bool:
         return cp.can_commit() if isinstance(cp, DLedgerControlPlane) else cp.alive_count() >= q

@@ -21,6 +21,7 @@ from replay.events import PartitionEvents
 from replay.family import Layout, RouteInput, RouteOutput
 from replay.policies import Policy
 from replay.results import PartitionResult
+from replay.rocketmq.control import RouteClock
 from replay.rocketmq.routing import RouteModel, group_members, route_messages, route_model
 from schemas.trace import Manifest
 
@@ -79,7 +80,7 @@ class RocketMQGroupFamily:
         for arr in (control.broker_ts, control.broker_kind, control.broker_id):
             digest.update(np.ascontiguousarray(arr).tobytes())
         key = (self.routing_key(policy), manifest.trace_id, manifest.duration_us, manifest.broker_ids,
-               digest.hexdigest())
+               manifest.route_poll_phase_us, digest.hexdigest())
         model = self._models.get(key)
         if model is None:
             if len(self._models) > 32:
@@ -95,16 +96,23 @@ class RocketMQGroupFamily:
         out.delay_us = routed.delay_us  # RouteOutput.delay_us (replay/families.py)
         return out
 
+    def engine_context(self, policy: Policy, manifest: Manifest, control: PartitionEvents) -> dict[str, Any]:
+        """What a group's engines need from the whole trace (`replay/families.py` `engine_context`): the route
+        clock, i.e. the manifest's route-poll phase and the refetches of an empty route that every group's state
+        decides (SPEC §3.7 R-1, R-5)."""
+        return {"clock": self.model(policy, manifest, control).clock}
+
     def reference(self, policy: Policy, unit: int, replicas: tuple[int, ...], events: PartitionEvents,
-                  duration_us: int) -> PartitionResult:
+                  duration_us: int, clock: RouteClock | None = None) -> PartitionResult:
         from replay.rocketmq.reference.interpreter import replay_group
 
-        return replay_group(policy, unit, replicas, events, duration_us)
+        return replay_group(policy, unit, replicas, events, duration_us, clock)
 
-    def kernel(self, policy: Policy, unit: int, replicas: tuple[int, ...], duration_us: int) -> Any:
+    def kernel(self, policy: Policy, unit: int, replicas: tuple[int, ...], duration_us: int,
+               clock: RouteClock | None = None) -> Any:
         from replay.rocketmq.kernels.kernel import group_replay
 
-        return group_replay(policy, unit, replicas, duration_us)
+        return group_replay(policy, unit, replicas, duration_us, clock)
 
 
 class RocketMQFamily(RocketMQGroupFamily):

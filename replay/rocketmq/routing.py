@@ -14,7 +14,17 @@ import numpy as np
 
 from replay.events import PartitionEvents
 from replay.policies import DLedgerPolicy, Policy, RocketMQPolicy
-from replay.rocketmq.control import C_ARRIVE, C_LAST, INF, GroupTimeline, group_timeline, key_of
+from replay.rocketmq.control import (
+    C_ARRIVE,
+    C_LAST,
+    C_POLL,
+    INF,
+    KEY,
+    GroupTimeline,
+    RouteClock,
+    group_timeline,
+    key_of,
+)
 from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
 from schemas.units import MS
@@ -41,19 +51,56 @@ class RouteModel:
     timelines: list[GroupTimeline]
     #: per group: sorted keys from which a majority is available, as half-open key intervals [start, end)
     quorum_intervals: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    #: the route polls' phase and R-5's refetches, the same for every group (the engines replay them too)
+    clock: RouteClock = field(default_factory=RouteClock)
+    #: R-5: poll instant whose route held no queue -> when a fresh, non-empty route replaced it
+    refetch_after: dict[int, int] = field(default_factory=dict)
+
+
+def refetches(policy: Policy, timelines: list[GroupTimeline], clock: RouteClock,
+              duration_us: int) -> dict[int, int]:
+    """SPEC §3.7 R-5. A route holds the queues of the groups with a registered master (brokerId 0:
+    `MQClientInstance.topicRouteData2TopicPublishInfo` skips a broker name without one), so a poll that falls
+    after a group's master was dropped (`RouteInfoManager.onChannelDestroy`) and before its successor registered
+    leaves the group out. When no group is left the route holds no queue and every send asks the NameServer again
+    (`DefaultMQProducerImpl.tryToFindTopicPublishInfo` refetches while `TopicPublishInfo.ok()` is false); the
+    first fresh route with a queue replaces the cached one, new masters included, until the next poll. Here that
+    fetch is taken at the first instant after such a poll at which any group has a registered master (after that
+    instant's events), as if a send were made then. Returns {poll instant: refetch instant}."""
+    r = policy.route_refresh_ms * MS
+    out: dict[int, int] = {}
+    first = clock.poll_at(1, policy.route_refresh_ms)
+    for poll in range(first, duration_us + 1, r):
+        k = key_of(poll, C_LAST)
+        if any(tl.registered[tl.at(np.array([k]))[0]] for tl in timelines):
+            continue
+        found = INF
+        for tl in timelines:
+            later = np.flatnonzero((tl.keys > k) & tl.registered)
+            if len(later):
+                found = min(found, int(tl.keys[later[0]]))
+        if found < key_of(poll + r, 0):
+            out[poll] = found // KEY
+    return out
 
 
 def route_model(policy: Policy, manifest: Manifest, control: PartitionEvents) -> RouteModel:
     groups = group_members(policy, manifest)
     control = control.sorted()
-    timelines = [group_timeline(policy, g, control, manifest.duration_us) for g in groups]
+    clock = RouteClock(manifest.route_poll_phase_us)
+    timelines = [group_timeline(policy, g, control, manifest.duration_us, clock) for g in groups]
+    # Registration does not depend on what clients know: the refetches found on the first pass are final.
+    refetch_after = refetches(policy, timelines, clock, manifest.duration_us)
+    if refetch_after:
+        clock = RouteClock(clock.phase_us, tuple(sorted(set(refetch_after.values()))))
+        timelines = [group_timeline(policy, g, control, manifest.duration_us, clock) for g in groups]
     intervals = []
     for tl in timelines:
         change = np.flatnonzero(np.diff(np.concatenate([[False], tl.quorum, [False]]).astype(np.int8)))
         bounds = np.append(tl.keys, INF)
         starts, ends = bounds[change[0::2]], bounds[change[1::2]]
         intervals.append((starts, ends))
-    return RouteModel(groups, timelines, intervals)
+    return RouteModel(groups, timelines, intervals, clock, refetch_after)
 
 
 def java_string_hashcode(keys: list[str | None]) -> np.ndarray:
@@ -95,20 +142,25 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     rank = np.asarray(msg_rank, dtype=np.int64)
     qpg = policy.queues_per_group
     n_groups = len(model.groups)
-    r_us = policy.route_refresh_ms * MS
-    # Rule 1: the route of a send is the last poll strictly before it; the poll at 0 holds every group (C4).
+    # Rule 1: the route of a send is the last poll strictly before it; the route at 0 holds every group (C4).
     # Routes are few (one per poll): work on route ids, with per-route tables of groups and positions.
-    poll = np.maximum(0, -(-ts // r_us) - 1) * r_us
+    poll = model.clock.last_poll(ts, policy.route_refresh_ms)
     polls, rid = np.unique(poll, return_inverse=True)
     masks = np.ones((len(polls), n_groups), dtype=bool)
     later = polls > 0
     for g, tl in enumerate(model.timelines):
         masks[later, g] = tl.registered[tl.at(key_of(polls[later], C_LAST))]
     empty = ~masks.any(axis=1)[rid]
-    if empty.any():  # C8: an empty route is fetched again at the send
+    if empty.any():
+        # C8: an empty route is fetched again at the send; after R-5's refetch the fresh route holds until the
+        # next poll
+        e_ts = ts[empty]
+        fetched = np.array([model.refetch_after.get(int(p), INF) for p in poll[empty]], dtype=np.int64)
+        after = e_ts > fetched
+        query = np.where(after, key_of(fetched, C_POLL), key_of(e_ts, int(Kind.PRODUCE)))
         fresh = np.zeros((int(empty.sum()), n_groups), dtype=bool)
         for g, tl in enumerate(model.timelines):
-            fresh[:, g] = tl.registered[tl.at(key_of(ts[empty], int(Kind.PRODUCE)))]
+            fresh[:, g] = tl.registered[tl.at(query)]
         extra, inv = np.unique(fresh, axis=0, return_inverse=True)
         rid[empty] = len(masks) + inv.reshape(-1)
         masks = np.concatenate([masks, extra])

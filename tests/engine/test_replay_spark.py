@@ -33,11 +33,12 @@ from storage.trace_loader import read_events_arrow, read_events_spark
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 GOLDEN = sorted(p for p in SCENARIOS.iterdir() if (p / "expected.json").is_file())
 #: Goldens kept in `make test` through Spark: each family, multi-policy passes, routing to several partitions, a
-#: zombie leader and ELR, RocketMQ's route poll. Every other golden is checked through Spark in `make test-slow`
-#: (its rules live in the kernels, which tests/replay/test_golden_local.py checks on every golden in `make test`).
+#: zombie leader and ELR, RocketMQ's route poll, its phase and R-5's refetch of an empty route. Every other golden
+#: is checked through Spark in `make test-slow` (its rules live in the kernels, which
+#: tests/replay/test_golden_local.py checks on every golden in `make test`).
 FAST_GOLDEN = {"k2-acks1-leader-crash", "k10-zombie-leader", "k19-elr-last-known-leader", "r1-async-master-crash",
-               "d6-dledger-route-poll-failover", "d8-dledger-isolated-leader", "c6a-controller-allack-failover",
-               "c9-controller-refusal-retried"}
+               "d6-dledger-route-poll-failover", "d8-dledger-isolated-leader", "d10-dledger-crash-before-poll",
+               "d11-dledger-poll-phase", "c6a-controller-allack-failover", "c9-controller-refusal-retried"}
 
 pytestmark = pytest.mark.spark
 

@@ -44,12 +44,16 @@ def outcome_rows(result) -> list[tuple]:
 @st.composite
 def cases(draw, family: str):
     manifest, table = draw(group_traces())
+    # the producers' route-poll phase (SPEC §2, §3.7 R-1): polls at phase + k × route_refresh_ms
+    phase = draw(st.sampled_from([0, 0, 0, 1, 250_000, 1_700_000, 6_000_000]))
+    manifest = replace(manifest, route_poll_phase_us=phase)
     policy = draw(ROCKETMQ_POLICY_STRATEGIES[family](len(manifest.brokers)))
     return manifest, table, policy
 
 
 def context(manifest, table, policy) -> str:
-    return f"{policy.canonical()}\n{table.to_pandas().to_string()}\nduration={manifest.duration_us}"
+    return (f"{policy.canonical()}\n{table.to_pandas().to_string()}\nduration={manifest.duration_us} "
+            f"phase={manifest.route_poll_phase_us}")
 
 
 def check_case(manifest, table, policy) -> None:

@@ -10,6 +10,7 @@ from replay.policies import (
     RocketMQPolicy,
 )
 from replay.results import StateRow
+from replay.rocketmq.control import RouteClock
 from replay.rocketmq.kernels.group import GroupReplay
 from replay.rocketmq.kernels.steady import CommitRule
 from replay.rocketmq.kernels.stretch import SteadyRule, SteadySegments
@@ -24,8 +25,8 @@ class ClassicReplay(SteadySegments, GroupReplay):
     """SPEC §3.3 master/slave; steady segments run in compiled code (`stretch`)."""
 
     def __init__(self, policy: RocketMQPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
-        super().__init__(policy, unit, members, duration_us, window_us)
+                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.master = members[0]
         self.slaves = members[1:]
         sync = policy.broker_role is BrokerRole.SYNC_MASTER and policy.in_sync_replicas > 1

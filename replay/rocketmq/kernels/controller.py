@@ -16,6 +16,7 @@ from replay.results import StateRow
 from replay.rocketmq.control import (
     C_CHECK,
     INF,
+    RouteClock,
     key_of,
 )
 from replay.rocketmq.kernels.controller_effects import ControllerEffects
@@ -34,8 +35,8 @@ class ControllerReplay(ControllerEffects, SteadySegments, SeriesSegments, GroupR
     """SPEC §3.5: Kafka-like SyncStateSet with RocketMQ acks, controller detection and C1/C7."""
 
     def __init__(self, policy: RocketMQControllerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
-        super().__init__(policy, unit, members, duration_us, window_us)
+                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.master: int | None = members[0]
         self.sss: list[int] = list(members)
         self.hw = 0

@@ -9,6 +9,7 @@ from replay.policies import (
 )
 from replay.results import StateRow
 from replay.rocketmq.control import (
+    RouteClock,
     majority,
 )
 from replay.rocketmq.kernels.group import GroupReplay
@@ -26,8 +27,8 @@ class DLedgerReplay(SteadySegments, GroupReplay):
     answer_error = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
 
     def __init__(self, policy: DLedgerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
-        super().__init__(policy, unit, members, duration_us, window_us)
+                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.q = majority(len(members))
         self.leader: int | None = members[0]
         self.commit = 0

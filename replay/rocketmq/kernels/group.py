@@ -19,6 +19,7 @@ from replay.rocketmq.control import (
     INF,
     KEY,
     STOPS,
+    RouteClock,
     control_plane,
     key_of,
 )
@@ -60,14 +61,14 @@ class GroupReplay(GroupMessages, GroupLogs):
     SEGMENT_MAX = SEGMENT_MAX
 
     def __init__(self, policy: Policy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
+                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
         self.p = policy
         self.unit = unit
         self.order = tuple(members)
         self.ix = {b: i for i, b in enumerate(self.order)}
         self.duration_us = duration_us
         n = len(self.order)
-        self.cp = control_plane(policy, self.order, hooks=self)
+        self.cp = control_plane(policy, self.order, hooks=self, clock=clock)
         self.log_len = np.zeros(n, dtype=np.int64)
         self.nbytes = np.zeros(n, dtype=np.int64)
         self.fetched = np.zeros(n, dtype=np.int64)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from replay.events import PartitionEvents
 from replay.policies import Policy
 from replay.results import PartitionResult
+from replay.rocketmq.control import RouteClock
 from replay.rocketmq.kernels.classic import ClassicReplay
 from replay.rocketmq.kernels.controller import ControllerReplay
 from replay.rocketmq.kernels.dledger import DLedgerReplay
@@ -35,13 +36,14 @@ from replay.rocketmq.kernels.group import GroupReplay
 KERNELS = {"rocketmq": ClassicReplay, "dledger": DLedgerReplay, "rocketmq-controller": ControllerReplay}
 
 
-def group_replay(policy: Policy, unit: int, members: tuple[int, ...], duration_us: int) -> GroupReplay:
-    return KERNELS[policy.family](policy, unit, members, duration_us)
+def group_replay(policy: Policy, unit: int, members: tuple[int, ...], duration_us: int,
+                 clock: RouteClock | None = None) -> GroupReplay:
+    return KERNELS[policy.family](policy, unit, members, duration_us, clock=clock)
 
 
 def replay_group(policy: Policy, unit: int, members: tuple[int, ...], events: PartitionEvents,
-                 duration_us: int) -> PartitionResult:
+                 duration_us: int, clock: RouteClock | None = None) -> PartitionResult:
     """Kernel replay of one group in one pass."""
-    replay = group_replay(policy, unit, members, duration_us)
+    replay = group_replay(policy, unit, members, duration_us, clock)
     replay.advance(events, duration_us + 1)
     return replay.finish()

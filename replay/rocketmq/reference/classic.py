@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from replay.policies import BrokerRole, Reconcile, RocketMQPolicy
 from replay.results import StateRow
+from replay.rocketmq.control import RouteClock
 from replay.rocketmq.reference.group import GroupReference
 from replay.rocketmq.reference.state import Broker, Entry, Msg, common_prefix
 from replay.shared.reference.records import epoch_runs
@@ -14,8 +15,9 @@ from schemas.trace import Kind
 class ClassicReference(GroupReference):
     """SPEC §3.3: master/slave, no failover of roles."""
 
-    def __init__(self, policy: RocketMQPolicy, unit: int, members: tuple[int, ...], duration_us: int) -> None:
-        super().__init__(policy, unit, members, duration_us)
+    def __init__(self, policy: RocketMQPolicy, unit: int, members: tuple[int, ...], duration_us: int,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, clock)
         self.master = members[0]
         self.slaves = members[1:]
         sync = policy.broker_role is BrokerRole.SYNC_MASTER and policy.in_sync_replicas > 1

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from replay.policies import CONTROLLER_FIRST_SCAN_MS, FIRST_SYNC_STATE_CHECK_MS, RocketMQControllerPolicy
 from replay.results import StateRow
-from replay.rocketmq.control import C_CHECK, C_DETECT, C_ELECT, C_POLL, KEY
+from replay.rocketmq.control import C_CHECK, C_DETECT, C_ELECT, C_POLL, KEY, RouteClock
 from replay.rocketmq.reference.group import GroupReference
-from replay.rocketmq.reference.state import Entry, Msg, ZombieMaster, common_prefix, last_epoch, next_poll
+from replay.rocketmq.reference.state import Entry, Msg, ZombieMaster, common_prefix, last_epoch
 from replay.rocketmq.reference.sync_state_set import ControllerSyncStateSet
 from replay.shared.reference.records import epoch_runs
 from schemas.outcomes import Error
@@ -21,8 +21,8 @@ class ControllerReference(ControllerSyncStateSet, GroupReference):
     """SPEC §3.5: like Kafka with a SyncStateSet, RocketMQ acks and controller detection."""
 
     def __init__(self, policy: RocketMQControllerPolicy, unit: int, members: tuple[int, ...],
-                 duration_us: int) -> None:
-        super().__init__(policy, unit, members, duration_us)
+                 duration_us: int, clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, clock)
         self.master: int | None = members[0]
         self.target: int | None = members[0]
         self.sss: list[int] = list(members)  # SyncStateSet, starts as every replica
@@ -117,7 +117,7 @@ class ControllerReference(ControllerSyncStateSet, GroupReference):
 
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
         return {**super()._handlers(), "check": self._on_check, "housekeeping": self._on_housekeeping,
-                "detect": self._on_detect, "elect": self._on_elect, "poll": self._on_poll}
+                "detect": self._on_detect, "elect": self._on_elect, "poll": self._on_poll, "refetch": self._on_poll}
 
     # ----- control (C7)
     def _detect(self, t: int) -> None:
@@ -212,7 +212,7 @@ class ControllerReference(ControllerSyncStateSet, GroupReference):
         self.iso_view = None
         if not eligible:
             self.master = None
-            self._push(next_poll(self.p, t), C_POLL, "poll")  # R-1: the next poll finds no master
+            self._push(self._next_poll(t), C_POLL, "poll")  # R-1: the next poll finds no master
             return
         self.master = eligible[0]
         self.epoch += 1
@@ -220,7 +220,7 @@ class ControllerReference(ControllerSyncStateSet, GroupReference):
         self._unblock(t)
         if self.master != self.target:
             # R-1: clients (also those of a zombie) learn the new master at their next route poll
-            self._push(next_poll(self.p, t), C_POLL, "poll")
+            self._push(self._next_poll(t), C_POLL, "poll")
 
     def _unblock(self, t: int) -> None:
         """The new master takes the best alive SyncStateSet log by (epoch, offset), or any alive replica's with

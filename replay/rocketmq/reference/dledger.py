@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from replay.policies import DLedgerPolicy
 from replay.results import StateRow
-from replay.rocketmq.control import C_DETECT, C_ELECT, C_POLL, majority
+from replay.rocketmq.control import C_DETECT, C_ELECT, C_POLL, RouteClock, majority
 from replay.rocketmq.reference.group import GroupReference
-from replay.rocketmq.reference.state import Entry, Msg, common_prefix, last_epoch, next_poll
+from replay.rocketmq.reference.state import Entry, Msg, common_prefix, last_epoch
 from replay.shared.reference.records import epoch_runs
 from schemas.outcomes import Error
 from schemas.trace import Kind
@@ -21,8 +21,9 @@ class DLedgerReference(GroupReference):
 
     answer_error = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
 
-    def __init__(self, policy: DLedgerPolicy, unit: int, members: tuple[int, ...], duration_us: int) -> None:
-        super().__init__(policy, unit, members, duration_us)
+    def __init__(self, policy: DLedgerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
+                 clock: RouteClock | None = None) -> None:
+        super().__init__(policy, unit, members, duration_us, clock)
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
@@ -108,10 +109,11 @@ class DLedgerReference(GroupReference):
         self.leader = None
         self.silent_since = None
         self.stepdown_at = None
-        self._push(next_poll(self.p, t), C_POLL, "poll")  # R-1: the next poll finds no master
+        self._push(self._next_poll(t), C_POLL, "poll")  # R-1: the next poll finds no master
 
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
-        return {**super()._handlers(), "poll": self._on_poll, "stepdown": self._on_stepdown, "elect": self._on_elect}
+        return {**super()._handlers(), "poll": self._on_poll, "refetch": self._on_poll, "stepdown": self._on_stepdown,
+                "elect": self._on_elect}
 
     def _on_poll(self, t: int, _: int) -> None:
         """SPEC §3.7 R-1: at every route poll clients learn the group's leader of that moment (none if none)."""
@@ -171,7 +173,7 @@ class DLedgerReference(GroupReference):
             return
         self._elect(t, voters)
         if self.leader != self.target:
-            self._push(next_poll(self.p, t), C_POLL, "poll")  # R-1: a re-elected known leader needs no poll
+            self._push(self._next_poll(t), C_POLL, "poll")  # R-1: a re-elected known leader needs no poll
         self._quorum_check(t)
 
     def _elect(self, t: int, voters: list[int]) -> None:

@@ -13,10 +13,10 @@ import numpy as np
 from replay.events import PartitionEvents
 from replay.policies import Policy
 from replay.results import PartitionResult, StateRow
-from replay.rocketmq.control import C_ARRIVE, C_FLUSH, C_LAST, C_TIMEOUT, KEY, STOPS
+from replay.rocketmq.control import C_ARRIVE, C_FLUSH, C_LAST, C_POLL, C_TIMEOUT, KEY, STOPS, RouteClock
 from replay.rocketmq.reference.logs import GroupReferenceLogs
 from replay.rocketmq.reference.outputs import GroupReferenceOutputs
-from replay.rocketmq.reference.state import Broker, Entry, Msg
+from replay.rocketmq.reference.state import Broker, Entry, Msg, next_poll
 from schemas.outcomes import NULL_US, Error, Status
 from schemas.trace import Kind
 from schemas.units import MS
@@ -27,8 +27,12 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
 
     answer_error = Error.FLUSH_SLAVE_TIMEOUT
 
-    def __init__(self, policy: Policy, unit: int, members: tuple[int, ...], duration_us: int) -> None:
+    def __init__(self, policy: Policy, unit: int, members: tuple[int, ...], duration_us: int,
+                 clock: RouteClock | None = None) -> None:
         self.p = policy
+        # SPEC §3.7 R-1/R-5: the producers' poll phase and the instants an empty route was fetched afresh (routing
+        # derives them from every group; the reference replays them)
+        self.clock = clock or RouteClock()
         self.unit = unit
         self.order = tuple(members)
         self.duration_us = duration_us
@@ -47,12 +51,15 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
     # --------------------------------------------------------------------------------------- plumbing
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
         """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
-        return {"noop": self._on_noop, "flush": self._on_flush, "arrive": self._on_arrive,
+        return {"noop": self._on_noop, "refetch": self._on_noop, "flush": self._on_flush, "arrive": self._on_arrive,
                 "answer": self._on_answer, "deadline": self._on_deadline}
 
     def _push(self, t: int, code: int, what: str, arg: int = 0, sub: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t * KEY + code, sub, self.seq, what, arg))
+
+    def _next_poll(self, t: int) -> int:
+        return next_poll(self.p, t, self.clock.phase_us)
 
     def _alive_members(self) -> list[int]:
         return [b for b in self.order if self.rep[b].alive]
@@ -87,6 +94,8 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
 
     def _start(self) -> None:
         self._push(0, C_LAST, "noop")  # the timeline starts at 0 whatever happens then
+        for t in self.clock.refetch_us:  # R-5: clients learn every group's master of that moment
+            self._push(t, C_POLL, "refetch")
         if self._flush_mode() == "least":
             self._push(0, C_FLUSH, "flush")
 

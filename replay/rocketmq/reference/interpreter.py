@@ -57,6 +57,7 @@ from __future__ import annotations
 from replay.events import PartitionEvents
 from replay.policies import Policy
 from replay.results import PartitionResult
+from replay.rocketmq.control import RouteClock
 from replay.rocketmq.reference.classic import ClassicReference
 from replay.rocketmq.reference.controller import ControllerReference
 from replay.rocketmq.reference.dledger import DLedgerReference
@@ -65,6 +66,6 @@ REFERENCES = {"rocketmq": ClassicReference, "dledger": DLedgerReference, "rocket
 
 
 def replay_group(policy: Policy, unit: int, members: tuple[int, ...], events: PartitionEvents,
-                 duration_us: int) -> PartitionResult:
-    """Reference replay of one broker group (SPEC §9)."""
-    return REFERENCES[policy.family](policy, unit, members, duration_us).run(events)
+                 duration_us: int, clock: RouteClock | None = None) -> PartitionResult:
+    """Reference replay of one broker group (SPEC §9); `clock`: the route polls' phase and R-5's refetches."""
+    return REFERENCES[policy.family](policy, unit, members, duration_us, clock).run(events)

@@ -69,11 +69,14 @@ class ZombieMaster:
     ack: int  # its in_sync_replicas ack point when replaced: its slaves' copies are not counted after that
 
 
-def next_poll(p: Policy, t: int) -> int:
-    """SPEC §3.7 R-1: the first route poll at or after t (polls every route_refresh_ms from 0; the poll at 0 is
-    the initial route, so the first that can teach clients a new master is at route_refresh_ms)."""
+def next_poll(p: Policy, t: int, phase_us: int) -> int:
+    """SPEC §3.7 R-1: the first route poll at or after t. Polls run every route_refresh_ms from the trace's
+    route-poll phase (SPEC §2 route_poll_phase_us); the route at 0 is the initial one, so a poll at 0 teaches
+    clients nothing and the first after it does."""
     r = p.route_refresh_ms * MS
-    return max(r, -(-t // r) * r)
+    k = 0 if t <= phase_us else -(-(t - phase_us) // r)
+    at = phase_us + k * r
+    return at if at > 0 else r
 
 
 def last_epoch(log: list[Entry]) -> int:
