@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import worker_imports
+from engine.durability.judge import layout_cost
 from engine.durability.run import DurabilitySpec, Estimate, episode_rows, next_work, sensitivity
 
 worker_imports.install()
@@ -95,8 +96,10 @@ class DurabilityReport:
         return {"durability_id": self.durability_id, "scenario": spec.scenario.name,
                 "rates": spec.rates.to_json(), "method": method_text(spec), "stop_reason": self.stop_reason,
                 "wall_seconds": self.wall_seconds, **self.estimate.summary(),
-                "policies": [{"policy": p.canonical(), "label": lab, **fig, "mlflow_run_id":
-                              self.child_run_ids.get(p.canonical())}
+                "policies": [{"policy": p.canonical(), "label": lab, **fig,
+                              **dict(zip(("brokers_used", "replicas_per_message"), layout_cost(spec.scenario, p),
+                                         strict=True)),
+                              "mlflow_run_id": self.child_run_ids.get(p.canonical())}
                              for p, lab, fig in zip(spec.policies, self.labels, self.figures, strict=True)],
                 "sensitivity": self.sensitivity, "mlflow_parent_run_id": self.parent_run_id}
 
