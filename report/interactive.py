@@ -175,7 +175,8 @@ def recommendation(rows: pd.DataFrame, slo: Sequence[tuple[str, str, float]], *,
     interval). `slo`: (metric, op, value) terms. Panels: p_loss and ack_p99_ms when the rows have them (a sweep's),
     then every other SLO metric. The cost axis is MB replicated per trace, or copies per message where the rows
     carry no bytes (a durability run's). A figure without an estimate (nines where no sampled episode lost
-    anything) is drawn at its interval's lower end. Marker: a circle when the policy meets every term, an x when not, a star for the recommendation.
+    anything) is drawn at its interval's lower end. Marker: a circle when the policy meets every term, an x when
+    not, a star for the recommendation.
     """
     metrics = list(dict.fromkeys([*[m for m in ("p_loss", "ack_p99_ms") if m in rows.columns],
                                   *[m for m, _, _ in slo]]))
