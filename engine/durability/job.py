@@ -32,12 +32,15 @@ worker_imports.install()
 ROW_SCHEMA = pa.schema([
     ("stratum", pa.int32()), ("episode", pa.int64()), ("log_q", pa.float64()), ("counts", pa.list_(pa.float64())),
     ("exposure_s", pa.list_(pa.float64())), ("length_s", pa.float64()), ("faults", pa.int32()),
-    ("max_down", pa.int32()), ("truncated", pa.bool_()), ("lost", pa.list_(pa.bool_())),
+    ("max_down", pa.int32()), ("truncated", pa.bool_()), ("recovery_n", pa.list_(pa.float64())),
+    ("recovery_sum", pa.list_(pa.float64())), ("recovery_log_sum", pa.list_(pa.float64())),
+    ("lost", pa.list_(pa.bool_())),
     ("acked_lost", pa.list_(pa.float64())), ("unavailable_s", pa.list_(pa.float64())),
     ("failed_committed", pa.list_(pa.float64())), ("cpu_seconds", pa.float64()),
 ])
 ROW_DDL = ("stratum INT, episode BIGINT, log_q DOUBLE, counts ARRAY<DOUBLE>, exposure_s ARRAY<DOUBLE>, "
-           "length_s DOUBLE, faults INT, max_down INT, truncated BOOLEAN, lost ARRAY<BOOLEAN>, "
+           "length_s DOUBLE, faults INT, max_down INT, truncated BOOLEAN, recovery_n ARRAY<DOUBLE>, "
+           "recovery_sum ARRAY<DOUBLE>, recovery_log_sum ARRAY<DOUBLE>, lost ARRAY<BOOLEAN>, "
            "acked_lost ARRAY<DOUBLE>, unavailable_s ARRAY<DOUBLE>, failed_committed ARRAY<DOUBLE>, cpu_seconds DOUBLE")
 #: The yearly metrics of `durability_estimates` (keys of `estimate.policy_figures`).
 METRICS = ("p_loss_per_year", "nines", "acked_lost_per_year", "unavailable_min_per_year", "failed_committed_per_year")
