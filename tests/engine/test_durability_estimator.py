@@ -227,9 +227,10 @@ def test_reweighting_restart_times_to_the_sampling_law_is_the_plain_estimate_and
 
 
 def test_recovery_ratio_from_sums_equals_the_density_ratio_of_the_draws():
+    from scipy import stats
+
     from engine.durability.episodes import recovery_log_ratio
     from generators.model import Dist, DistKind
-    from scipy import stats
 
     rng = np.random.default_rng(2)
     ln = Dist(DistKind.LOGNORMAL, median=60.0, sigma=1.0, min=10.0, max=3600.0)
