@@ -238,3 +238,15 @@ def _clipped_mean(d: Dist, factor: float, n: int = 20_000) -> float:
     else:
         return d.mean_value * factor
     return float(np.clip(x, d.min if d.min is not None else -np.inf, d.max if d.max is not None else np.inf).mean())
+
+
+def estimate_local(spec: DurabilitySpec, *, episodes: int, batch: int = 32, target_rel_error: float | None = None,
+                   judge: Judge | None = None) -> Estimate:
+    """Rounds of `batch` episodes in-process until `episodes` or the target relative error."""
+    est = Estimate(spec)
+    while len(est.rows) < episodes:
+        work = next_work(est, min(batch, episodes - len(est.rows)))
+        est.rows.extend(episode_rows(spec, work, judge))
+        if target_rel_error is not None and est.relative_error() <= target_rel_error:
+            break
+    return est
