@@ -176,16 +176,16 @@ def run_durability(spark, request: DurabilityRequest, *, log: Callable[[str], No
     out = Path(request.out)
     out.mkdir(parents=True, exist_ok=True)
     report.json_path = out / "durability.json"
-    _write_json(report)
+    write_json(report)
     if publish:
         _publish(spark, request, report, started)
     if request.mlflow:
         _log_mlflow(request, report)
-        _write_json(report)
+        write_json(report)
     return report
 
 
-def _write_json(report: DurabilityReport) -> None:
+def write_json(report: DurabilityReport) -> None:
     report.json_path.write_text(json.dumps(_plain(report.to_json()), indent=2, allow_nan=False, default=str) + "\n")
 
 
@@ -267,7 +267,7 @@ def _log_mlflow(request: DurabilityRequest, report: DurabilityReport) -> None:
         client.set_terminated(run.info.run_id, status="FINISHED")
         report.child_run_ids[p.canonical()] = run.info.run_id
     if report.json_path is not None:
-        _write_json(report)
+        write_json(report)
         client.log_artifact(pid, str(report.json_path))
     client.set_terminated(pid, status="FINISHED")
     report.parent_run_id = pid

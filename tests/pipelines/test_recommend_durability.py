@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.durability.job import DurabilityReport, _write_json, durability_id_for
+from engine.durability.job import DurabilityReport, durability_id_for, write_json
 from engine.durability.judge import TraceShape
 from engine.durability.run import DurabilitySpec, estimate_local, sensitivity
 from generators.library import resolve_scenario
@@ -33,7 +33,7 @@ def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("durability")
     report = DurabilityReport(durability_id_for(spec), est, LABELS, est.figures(), sensitivity(est), 0.0,
                               "max episodes", json_path=out / "durability.json")
-    _write_json(report)
+    write_json(report)
     return out
 
 

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from engine.durability.job import DurabilityReport, _write_json, durability_id_for
+from engine.durability.job import DurabilityReport, durability_id_for, write_json
 from engine.durability.judge import TraceShape
 from engine.durability.run import RESTART_TIME, SENSITIVITY, DurabilitySpec, estimate_local, sensitivity
 from generators.library import resolve_scenario
@@ -20,7 +20,7 @@ from generators.rates import load_rates
 from replay.policies import parse_policy
 from report.durability import write_html
 from report.interactive import chart_count
-from tests.report.test_browser import _dom, _ink, _screenshot, needs_chromium
+from tests.report.chromium import dom, ink, needs_chromium, screenshot
 
 LABELS = ["kafka-acks1", "rocketmq-async"]
 
@@ -32,25 +32,25 @@ def test_durability_page_renders_every_chart_in_chromium(tmp_path):
     est = estimate_local(spec, episodes=8, batch=8)
     report = DurabilityReport(durability_id_for(spec), est, LABELS, est.figures(), sensitivity(est), 0.0,
                               "max episodes", json_path=tmp_path / "durability.json")
-    _write_json(report)
+    write_json(report)
     doc = json.loads(report.json_path.read_text())
     page = write_html(doc, tmp_path / "durability.html")
     charts = chart_count(page.read_text())
     processes = [*SENSITIVITY, RESTART_TIME]
     assert charts == 1 + len(processes)
 
-    dom = _dom(page.as_uri(), tmp_path / "profile")
-    assert len(re.findall(r'<div[^>]*class="[^"]*js-plotly-plot', dom)) == charts
-    assert dom.count('class="main-svg"') >= charts
+    page_dom = dom(page.as_uri(), tmp_path / "profile")
+    assert len(re.findall(r'<div[^>]*class="[^"]*js-plotly-plot', page_dom)) == charts
+    assert page_dom.count('class="main-svg"') >= charts
     # one trace per policy on the nines chart and on every sensitivity chart
-    assert len(re.findall(r'class="trace scatter', dom)) == len(LABELS) * charts
-    legend = set(re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom))
+    assert len(re.findall(r'class="trace scatter', page_dom)) == len(LABELS) * charts
+    legend = set(re.findall(r'class="legendtext"[^>]*>([^<]*)<', page_dom))
     assert set(LABELS) <= legend, legend
-    assert "mean broker restart time after a crash, s" in dom
-    assert "nines against the brokers' restart times" in dom
+    assert "mean broker restart time after a crash, s" in page_dom
+    assert "nines against the brokers' restart times" in page_dom
 
-    shot = _screenshot(page.as_uri(), tmp_path / "durability.png", tmp_path / "profile")
-    inked, coloured = _ink(shot)
+    shot = screenshot(page.as_uri(), tmp_path / "durability.png", tmp_path / "profile")
+    inked, coloured = ink(shot)
     assert inked > 0.02 and coloured > 0.0015, (inked, coloured)
 
 
