@@ -86,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="DIR", help="report folder (default ./reports/<experiment>)")
     p.add_argument("--tracking-uri", default=None, metavar="URI")
 
-    def sweep_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="library name or a YAML file")
-        p.add_argument("--seeds", type=int, required=True, metavar="N", help="how many seeds (traces) to generate")
+    def sweep_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+        p.add_argument("--scenario", required=required, metavar="NAME|FILE.yaml", help="library name or a YAML file")
+        p.add_argument("--seeds", type=int, required=required, metavar="N",
+                       help="how many seeds (traces) to generate")
         p.add_argument("--scale", type=float, default=1.0, help="scenario scale of every trace (default 1.0)")
         p.add_argument("--first-seed", type=int, default=0, metavar="N", help="seeds N … N+seeds-1 (default 0)")
         p.add_argument("--lakehouse", default="lakehouse", metavar="DIR",
@@ -113,12 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reuse", action="store_true",
                    help="read a succeeded sweep with the same parameters from the lakehouse instead of running it")
 
-    p = command("recommend", "the cheapest policy whose confidence intervals meet an SLO, from a sweep",
-                "pipelines.recommend_job:cli")
-    sweep_options(p)
+    p = command("recommend", "the cheapest policy whose confidence intervals meet an SLO, from a sweep or a "
+                "durability run", "pipelines.recommend_job:cli")
+    sweep_options(p, required=False)
     p.add_argument("--slo", required=True, metavar="TERMS",
-                   help="e.g. 'p_loss<=0.001,availability>=0.999,ack_p99_ms<=50'; metrics: p_loss, p_loss_day, "
-                        "mean_acked_lost, availability, ack_p99_ms, unavailable_s")
+                   help="e.g. 'p_loss<=0.001,availability>=0.999,ack_p99_ms<=50' (per trace, from a sweep: "
+                        "--scenario and --seeds; metrics p_loss, p_loss_day, mean_acked_lost, availability, "
+                        "ack_p99_ms, unavailable_s) or 'nines_per_year>=9,unavailable_min_per_year<=30' (per year, "
+                        "from --durability; metrics nines_per_year, p_loss_per_year, acked_lost_per_year, "
+                        "unavailable_min_per_year, failed_committed_per_year)")
+    p.add_argument("--durability", default=None, metavar="DIR",
+                   help="a `replab durability --out DIR` run (DIR or DIR/durability.json) for per-year SLO terms")
     p.add_argument("--policy", action="append", metavar="SPEC", help="a policy of the space; repeat for several")
     p.add_argument("--space", action="append", metavar="ITEMS",
                    help="families or presets (kafka,dledger,...), or a grid such as "

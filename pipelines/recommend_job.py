@@ -1,4 +1,5 @@
-"""`replab recommend`: the cheapest policy whose 95 % intervals meet an SLO, from a sweep (run or reused).
+"""`replab recommend`: the cheapest policy whose 95 % intervals meet an SLO, from a sweep (run or reused), or
+for per-year terms from a durability run's `durability.json` (`--durability DIR`; no Spark).
 
 Thin: the SLO and the space are parsed first (bad input exits 2 before any Spark work), the sweep runs or is read
 back from the lakehouse (`engine.sweep.run.run_sweep`, `reuse=True`), `engine.recommend` decides, and the
@@ -11,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from engine.recommend import Recommendation, expand_space, parse_slo, recommend
+from engine.recommend import Recommendation, durability_estimates, expand_space, is_durability, parse_slo, recommend
+from schemas.errors import BadInput
 
 
 def space_of(args: argparse.Namespace):
     """--policy (each one policy string) or --space (families, presets, grids); default: the Kafka presets."""
     if getattr(args, "policy", None) and args.space:
-        from schemas.errors import BadInput
-
         raise BadInput("give --policy or --space, not both", rule="arguments")
     if getattr(args, "policy", None):
         return expand_space(args.policy, split=False)
@@ -65,6 +66,72 @@ def print_recommendation(rec: Recommendation, console) -> None:
                   + (f", {e.fatal_seeds} refused by the trace gate" if e.fatal_seeds else ""))
 
 
+def print_durability_recommendation(rec: Recommendation, doc: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"SLO check per year: {doc['scenario']}, rates {doc['rates']['name']}, {doc['episodes']} "
+                        "episodes (a term is met when the whole 95% interval is on its side)", title_justify="left")
+    table.add_column("policy", overflow="fold")
+    for t in rec.slo:
+        table.add_column(str(t), justify="right")
+    table.add_column("meets", justify="center")
+    table.add_column("cost (brokers, copies)", justify="right")
+    for v in rec.verdicts:
+        e = v.estimate
+        cells = []
+        for t, met, _ in v.terms:
+            iv = e.estimates[t.metric]
+            mark = "[green]✓[/green]" if met else "[red]✗[/red]"
+            bound = iv.low if t.op == ">=" else iv.high
+            cells.append(f"{mark} {'≥' if t.op == '>=' else '≤'} {bound:.4g}" if e.bounded and bound is not None
+                         and t.metric in ("nines_per_year", "p_loss_per_year") else f"{mark} {iv.text('{:.4g}')}")
+        b, c, _ = e.cost
+        table.add_row(e.label, *cells, "yes" if v.meets else "no", f"{b:g}, {c:g}")
+    console.print(table)
+    if rec.chosen is None:
+        console.print("[bold red]no policy of the run meets every SLO term with 95% confidence[/bold red] "
+                      "(a longer durability run narrows the intervals)")
+        return
+    e = rec.chosen.estimate
+    console.print(f"[bold green]recommended: {e.label}[/bold green]" + ("" if e.label == e.policy else
+                                                                       f" ({e.policy})"))
+    console.print(f"  cheapest of {len(rec.ranked)} polic{'y' if len(rec.ranked) == 1 else 'ies'} meeting the SLO: "
+                  f"{e.brokers_used} brokers, {e.replicas_per_message:g} copies per message")
+    for t, _, bound in rec.chosen.terms:
+        console.print(f"  {t}: {'lower' if t.op == '>=' else 'upper'} end of the 95% interval {bound:.4g}")
+
+
+def cli_durability(args: argparse.Namespace, slo, console) -> int:
+    """Per-year terms: the policies of a durability run (restricted to --policy/--space if given)."""
+    from report.recommend import FILE as PAGE
+    from report.recommend import write_page
+
+    if not args.durability:
+        raise BadInput(f"--slo term {str(slo[0])!r} is per year: give --durability DIR (the --out of a `replab "
+                       f"durability` run)", rule="arguments")
+    doc, estimates = durability_estimates(args.durability)
+    if getattr(args, "policy", None) or args.space:
+        space = space_of(args)
+        run = {e.policy for e in estimates}
+        missing = [lab for p, lab in zip(space.policies, space.labels, strict=True) if p.canonical() not in run]
+        if missing:
+            raise BadInput(f"--durability {args.durability!r} holds no estimate for {', '.join(missing)} (run "
+                           f"`replab durability` with those policies)", rule="arguments")
+        wanted = {p.canonical() for p in space.policies}
+        estimates = [e for e in estimates if e.policy in wanted]
+    rec = recommend(estimates, slo)
+    out = Path(args.out) if args.out else Path(args.durability)
+    if out.suffix == ".json":
+        out = out.parent
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recommendation.json"
+    path.write_text(json.dumps({"durability_id": doc.get("durability_id"), **rec.to_json()}, indent=1) + "\n")
+    page = write_page(rec, out / PAGE, title=f"durability {doc['scenario']}: cost against the SLO")
+    print_durability_recommendation(rec, doc, console)
+    console.print(f"recommendation: {path}, {page}")
+    return 0
+
+
 def cli(args: argparse.Namespace) -> int:
     from engine.sweep.run import check_request, log_sweep, run_sweep
     from pipelines.sweep_job import print_sweep, print_where, request_from
@@ -75,6 +142,14 @@ def cli(args: argparse.Namespace) -> int:
 
     console = terminal()
     slo = parse_slo(args.slo)
+    if is_durability(slo[0]):
+        return cli_durability(args, slo, console)
+    if args.durability:
+        raise BadInput(f"--durability gives per-year figures, and --slo {args.slo!r} has per-trace terms only",
+                       rule="arguments")
+    for name, value in (("--scenario", args.scenario), ("--seeds", args.seeds)):
+        if value is None:
+            raise BadInput(f"{name} is required for per-trace SLO terms (a sweep)", rule="arguments")
     space = space_of(args)
     request = request_from(args, policies=space.policies, labels=space.labels, reuse=not args.no_reuse,
                            mlflow=False)

@@ -1,5 +1,6 @@
 """`DIR/durability.html`: nines and unavailable minutes per year against cost (brokers × copies) per policy,
-with their intervals, and the sensitivity curves (nines against each re-weighted rate). Inline plotly.js
+with their intervals, and the sensitivity curves (nines against each re-weighted rate and against the brokers'
+restart times). Inline plotly.js
 (`report.interactive.script_tag`), so the page opens offline."""
 
 from __future__ import annotations
@@ -49,13 +50,19 @@ def sensitivity_chart(doc: dict[str, Any], process: str) -> go.Figure:
     fig = go.Figure()
     rows = [r for r in doc["sensitivity"] if r["process"] == process]
     for label in dict.fromkeys(r["policy"] for r in rows):
-        mine = sorted((r for r in rows if r["policy"] == label), key=lambda r: r["per_year"])
+        mine = sorted((r for r in rows if r["policy"] == label), key=_x)
         ys = [r["nines"]["low"] if r["bounded"] else r["nines"]["estimate"] for r in mine]
-        fig.add_trace(go.Scatter(x=[r["per_year"] for r in mine], y=ys, mode="lines+markers", name=label))
-    fig.update_layout(title={"text": f"nines against the {process} rate (same episodes, re-weighted)", "x": 0.01},
-                      xaxis={"title": f"{process} per unit per year", "type": "log"}, yaxis_title="nines",
+        fig.add_trace(go.Scatter(x=[_x(r) for r in mine], y=ys, mode="lines+markers", name=label))
+    what = "the brokers' restart times" if process == "restart_time" else f"the {process} rate"
+    x_label = rows[0].get("x_label", f"{process} per unit per year") if rows else process
+    fig.update_layout(title={"text": f"nines against {what} (same episodes, re-weighted)", "x": 0.01},
+                      xaxis={"title": x_label, "type": "log"}, yaxis_title="nines",
                       template="plotly_white", height=420)
     return fig
+
+
+def _x(row: dict[str, Any]) -> float:
+    return row["x"] if "x" in row else row["per_year"]
 
 
 def write_html(doc: dict[str, Any], path: Path) -> Path:

@@ -14,6 +14,7 @@ Conventions shared by the charts:
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -171,10 +172,16 @@ def recommendation(rows: pd.DataFrame, slo: Sequence[tuple[str, str, float]], *,
 
     `rows`: one row per policy: label (as typed), policy (canonical), family, index, meets, chosen,
     replication_mb, brokers_used, replicas_per_message and, per metric M shown, M, M_low, M_high (the 95 %
-    interval). `slo`: (metric, op, value) terms. Panels: p_loss and ack_p99_ms always, then every other SLO
-    metric. Marker: a circle when the policy meets every term, an x when not, a star for the recommendation.
+    interval). `slo`: (metric, op, value) terms. Panels: p_loss and ack_p99_ms when the rows have them (a sweep's),
+    then every other SLO metric. The cost axis is MB replicated per trace, or copies per message where the rows
+    carry no bytes (a durability run's). A figure without an estimate (nines where no sampled episode lost
+    anything) is drawn at its interval's lower end. Marker: a circle when the policy meets every term, an x when
+    not, a star for the recommendation.
     """
-    metrics = list(dict.fromkeys(["p_loss", "ack_p99_ms", *[m for m, _, _ in slo]]))
+    metrics = list(dict.fromkeys([*[m for m in ("p_loss", "ack_p99_ms") if m in rows.columns],
+                                  *[m for m, _, _ in slo]]))
+    x_col, x_title = (("replication_mb", "MB replicated per trace (cost)") if rows["replication_mb"].any()
+                      else ("replicas_per_message", "copies per message (cost)"))
     cols = 2
     nrows = (len(metrics) + cols - 1) // cols
     fig = make_subplots(rows=nrows, cols=cols, subplot_titles=metrics, horizontal_spacing=0.1,
@@ -184,12 +191,14 @@ def recommendation(rows: pd.DataFrame, slo: Sequence[tuple[str, str, float]], *,
         r, c = i // cols + 1, i % cols + 1
         for family, group in rows.groupby("family", sort=False):
             xs, ys, lo, hi, symbols, colours, hovers = [], [], [], [], [], [], []
-            for same in _merge_points(group, ["replication_mb", metric]):
+            for same in _merge_points(group, [x_col, metric]):
                 first = same.iloc[0]
-                xs.append(first["replication_mb"])
-                ys.append(first[metric])
-                lo.append(max(0.0, first[metric] - first[f"{metric}_low"]) if pd.notna(first[f"{metric}_low"]) else 0)
-                hi.append(max(0.0, first[f"{metric}_high"] - first[metric]) if pd.notna(first[f"{metric}_high"]) else 0)
+                y = first[metric] if pd.notna(first[metric]) else first[f"{metric}_low"]
+                xs.append(first[x_col])
+                ys.append(y)
+                lo.append(max(0.0, y - first[f"{metric}_low"]) if pd.notna(first[f"{metric}_low"]) else 0)
+                hi.append(max(0.0, first[f"{metric}_high"] - y) if pd.notna(first[f"{metric}_high"])
+                          and math.isfinite(first[f"{metric}_high"]) else 0)
                 symbols.append("star" if same["chosen"].any() else "circle" if first["meets"] else "x")
                 colours.append(colour_of(int(first["index"])))
                 names = "<br>".join(
@@ -211,7 +220,7 @@ def recommendation(rows: pd.DataFrame, slo: Sequence[tuple[str, str, float]], *,
             if m == metric:
                 fig.add_hline(y=value, line_dash="dash", line_color="#b00020", row=r, col=c,
                               annotation_text=f"SLO {m}{op}{value:g}", annotation_position="top left")
-        fig.update_xaxes(title="MB replicated per trace (cost)", row=r, col=c)
+        fig.update_xaxes(title=x_title, row=r, col=c)
         if metric == "ack_p99_ms":
             fig.update_yaxes(title="ms", row=r, col=c)
     _layout(fig, title, 430 * nrows + 40)

@@ -29,6 +29,15 @@ most (1 + horizon)^c (`Biasing.max_weight`).
 
 The likelihood ratio is kept as sufficient statistics (per process: faults inside the episode and unit-seconds
 exposed), so the same episodes re-weight exactly to any other per-year rates (`log_p`), the sensitivity.
+Recovery times re-weight too (`recovery_log_ratio`): each lognormal or exponential recovery time is drawn
+unclipped and then clipped to the process's [min, max], and the episode keeps, per process, the count, the sum
+and the sum of logs of the unclipped draws; "recovery times × f" is then the same law with its scale (median or
+mean) × f and the **same clip bounds** (a restart is no faster than a JVM start, however slow the typical one),
+whose density ratio on the unclipped draw depends only on those sums. The path is the same function of the
+unclipped draws under both laws, so the re-weighting is exact. A uniform or fixed recovery time cannot be
+re-weighted to another scale (its support moves), nor an exponential one to × 2 or more (the ratio's variance is
+infinite there); a lognormal one can (the ratio's second moment per draw is exp((ln f)²/σ²), 6.8 at f = 4 and
+σ = 1, and the effective sample size shows what is left).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from generators.model import Dist, DistKind
 from generators.rates import PLANNED, Rates, Unit
 
 #: Trace event labels an episode emits (SPEC §2.2 kinds).
@@ -79,6 +89,10 @@ class Episode:
     length_s: float
     max_down: int  # most brokers down at once
     truncated: bool = False
+    #: per process: recovery times drawn (the initial fault's included), their unclipped sum and sum of logs
+    recovery_n: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    recovery_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    recovery_log_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def log_p(self, per_second: np.ndarray) -> float:
         """log density of the inside-episode fault process under the model's rates `per_second`."""
@@ -99,16 +113,51 @@ class _Cluster:
     isolated: dict[int, bool] = field(default_factory=dict)
     dark_racks: set[str] = field(default_factory=set)
     cluster_dark: bool = False
+    n_proc: int = 0
+    recovery: np.ndarray = field(default_factory=lambda: np.zeros((3, 0)))  # rows: count, sum, sum of logs
 
     def __post_init__(self) -> None:
         self.causes = {b: set() for b in self.brokers}
         self.isolated = {b: False for b in self.brokers}
+        self.recovery = np.zeros((3, self.n_proc))
 
     def healthy(self, b: int) -> bool:
         return not self.causes[b] and not self.isolated[b]
 
     def down(self) -> int:
         return sum(1 for b in self.brokers if self.causes[b])
+
+
+def _draw_unclipped(d: Dist, rng: np.random.Generator) -> float:
+    """One draw of d before its clip (the same random numbers `Dist.sample` uses)."""
+    if d.kind is DistKind.LOGNORMAL:
+        return float(rng.lognormal(math.log(d.median), d.sigma, 1)[0])
+    if d.kind is DistKind.EXPONENTIAL:
+        return float(-d.mean * math.log1p(-rng.random(1)[0]))
+    return float(d.sample(rng, 1)[0])
+
+
+def _clip(d: Dist, x: float) -> float:
+    if d.kind in (DistKind.LOGNORMAL, DistKind.EXPONENTIAL):
+        x = max(x, d.min) if d.min is not None else x
+        x = min(x, d.max) if d.max is not None else x
+    return x
+
+
+def recovery_log_ratio(d: Dist, factor: float, n: float, total: float, log_total: float) -> float:
+    """log of Π g_f(x_j) / g(x_j) over n unclipped draws x_j of d (sum `total`, sum of logs `log_total`), g_f the
+    law of d with its scale × `factor` (clip bounds kept)."""
+    if factor == 1.0 or n == 0:
+        return 0.0
+    lf = math.log(factor)
+    if d.kind is DistKind.LOGNORMAL:  # (ln x − ln m)² − (ln x − ln m − ln f)², summed, over 2σ²
+        return (2 * lf * (log_total - n * math.log(d.median)) - n * lf * lf) / (2 * d.sigma**2)
+    if d.kind is DistKind.EXPONENTIAL:
+        if factor >= 2.0:  # E_q[(g_f/g)²] = 1/(f(2 − f)) per draw: infinite from f = 2 on
+            raise ValueError(f"an exponential recovery time re-weights only to factors below 2 (got {factor:g}): "
+                             "beyond, the likelihood ratio has infinite variance")
+        return -n * lf + total * (1 - 1 / factor) / d.mean
+    raise ValueError(f"a {d.kind.value} recovery time cannot be re-weighted to another scale (its support moves)")
 
 
 def unit_counts(rates: Rates, brokers: int, racks: int) -> np.ndarray:
@@ -134,6 +183,12 @@ class EpisodeSampler:
         self.index = {p.name: i for i, p in enumerate(rates.processes)}
 
     # -------------------------------------------------------------------------------------------- faults
+    def _recovery(self, c: _Cluster, proc: int, rng: np.random.Generator) -> float:
+        d = self.rates.processes[proc].recovery_s
+        x = _draw_unclipped(d, rng)
+        c.recovery[:, proc] += (1.0, x, math.log(x) if x > 0 else 0.0)
+        return _clip(d, x)
+
     def _slots(self, c: _Cluster) -> list[tuple[int, object]]:
         """(process index, unit) of every fault that can strike now."""
         out: list[tuple[int, object]] = []
@@ -166,12 +221,12 @@ class EpisodeSampler:
         if p.name in _DOWN_LABEL:
             b = int(unit)  # type: ignore[arg-type]
             down(b, fid, _DOWN_LABEL[p.name])
-            push(t + float(p.recovery_s.sample(rng, 1)[0]) + p.fixed_extra_s, ("up", (b,), fid, None))
+            push(t + self._recovery(c, proc, rng) + p.fixed_extra_s, ("up", (b,), fid, None))
         elif p.name == "isolate":
             b = int(unit)  # type: ignore[arg-type]
             c.isolated[b] = True
             events.append((t, ISOLATE, b))
-            push(t + float(p.recovery_s.sample(rng, 1)[0]), ("heal", (b,), fid, None))
+            push(t + self._recovery(c, proc, rng), ("heal", (b,), fid, None))
         elif p.name in ("rack_power_loss", "cluster_power_loss"):
             rack = unit if p.name == "rack_power_loss" else None
             hit = tuple(b for b in self.brokers if (rack is None or self.rack_of[b] == rack) and c.healthy(b))
@@ -181,7 +236,7 @@ class EpisodeSampler:
                 c.cluster_dark = True
             else:
                 c.dark_racks.add(rack)
-            push(t + float(p.recovery_s.sample(rng, 1)[0]), ("up", hit, fid, rack if rack is not None else "*"))
+            push(t + self._recovery(c, proc, rng), ("up", hit, fid, rack if rack is not None else "*"))
         elif p.name == "rolling_restart":
             push(t, ("roll", 0, fid, None))
         else:
@@ -209,7 +264,7 @@ class EpisodeSampler:
             if i >= len(self.brokers):
                 return
             b = self.brokers[i]
-            downtime = float(p.recovery_s.sample(rng, 1)[0])
+            downtime = self._recovery(c, self.index["rolling_restart"], rng)
             if c.healthy(b):  # a broker already down or cut off is skipped: there is nothing to restart
                 c.causes[b].add(fid)
                 events.append((t, SHUTDOWN, b))
@@ -230,8 +285,8 @@ class EpisodeSampler:
     # ------------------------------------------------------------------------------------------ sampling
     def sample(self, initial: int, rng: np.random.Generator) -> Episode:
         """One episode started by process `initial` on a uniformly chosen unit."""
-        c = _Cluster(self.brokers, self.rack_of, self.racks)
         n_proc = len(self.rates.processes)
+        c = _Cluster(self.brokers, self.rack_of, self.racks, n_proc=n_proc)
         counts = np.zeros(n_proc)
         exposure = np.zeros(n_proc)
         log_q = 0.0
@@ -283,4 +338,4 @@ class EpisodeSampler:
                 t += r
             max_down = max(max_down, c.down())
         events.sort(key=lambda e: e[0])
-        return Episode(initial, events, counts, exposure, log_q, t, max_down, truncated)
+        return Episode(initial, events, counts, exposure, log_q, t, max_down, truncated, *c.recovery)

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import worker_imports
+from engine.durability.judge import layout_cost
 from engine.durability.run import DurabilitySpec, Estimate, episode_rows, next_work, sensitivity
 
 worker_imports.install()
@@ -31,12 +32,15 @@ worker_imports.install()
 ROW_SCHEMA = pa.schema([
     ("stratum", pa.int32()), ("episode", pa.int64()), ("log_q", pa.float64()), ("counts", pa.list_(pa.float64())),
     ("exposure_s", pa.list_(pa.float64())), ("length_s", pa.float64()), ("faults", pa.int32()),
-    ("max_down", pa.int32()), ("truncated", pa.bool_()), ("lost", pa.list_(pa.bool_())),
+    ("max_down", pa.int32()), ("truncated", pa.bool_()), ("recovery_n", pa.list_(pa.float64())),
+    ("recovery_sum", pa.list_(pa.float64())), ("recovery_log_sum", pa.list_(pa.float64())),
+    ("lost", pa.list_(pa.bool_())),
     ("acked_lost", pa.list_(pa.float64())), ("unavailable_s", pa.list_(pa.float64())),
     ("failed_committed", pa.list_(pa.float64())), ("cpu_seconds", pa.float64()),
 ])
 ROW_DDL = ("stratum INT, episode BIGINT, log_q DOUBLE, counts ARRAY<DOUBLE>, exposure_s ARRAY<DOUBLE>, "
-           "length_s DOUBLE, faults INT, max_down INT, truncated BOOLEAN, lost ARRAY<BOOLEAN>, "
+           "length_s DOUBLE, faults INT, max_down INT, truncated BOOLEAN, recovery_n ARRAY<DOUBLE>, "
+           "recovery_sum ARRAY<DOUBLE>, recovery_log_sum ARRAY<DOUBLE>, lost ARRAY<BOOLEAN>, "
            "acked_lost ARRAY<DOUBLE>, unavailable_s ARRAY<DOUBLE>, failed_committed ARRAY<DOUBLE>, cpu_seconds DOUBLE")
 #: The yearly metrics of `durability_estimates` (keys of `estimate.policy_figures`).
 METRICS = ("p_loss_per_year", "nines", "acked_lost_per_year", "unavailable_min_per_year", "failed_committed_per_year")
@@ -95,8 +99,10 @@ class DurabilityReport:
         return {"durability_id": self.durability_id, "scenario": spec.scenario.name,
                 "rates": spec.rates.to_json(), "method": method_text(spec), "stop_reason": self.stop_reason,
                 "wall_seconds": self.wall_seconds, **self.estimate.summary(),
-                "policies": [{"policy": p.canonical(), "label": lab, **fig, "mlflow_run_id":
-                              self.child_run_ids.get(p.canonical())}
+                "policies": [{"policy": p.canonical(), "label": lab, **fig,
+                              **dict(zip(("brokers_used", "replicas_per_message"), layout_cost(spec.scenario, p),
+                                         strict=True)),
+                              "mlflow_run_id": self.child_run_ids.get(p.canonical())}
                              for p, lab, fig in zip(spec.policies, self.labels, self.figures, strict=True)],
                 "sensitivity": self.sensitivity, "mlflow_parent_run_id": self.parent_run_id}
 
@@ -170,16 +176,16 @@ def run_durability(spark, request: DurabilityRequest, *, log: Callable[[str], No
     out = Path(request.out)
     out.mkdir(parents=True, exist_ok=True)
     report.json_path = out / "durability.json"
-    _write_json(report)
+    write_json(report)
     if publish:
         _publish(spark, request, report, started)
     if request.mlflow:
         _log_mlflow(request, report)
-        _write_json(report)
+        write_json(report)
     return report
 
 
-def _write_json(report: DurabilityReport) -> None:
+def write_json(report: DurabilityReport) -> None:
     report.json_path.write_text(json.dumps(_plain(report.to_json()), indent=2, allow_nan=False, default=str) + "\n")
 
 
@@ -261,7 +267,7 @@ def _log_mlflow(request: DurabilityRequest, report: DurabilityReport) -> None:
         client.set_terminated(run.info.run_id, status="FINISHED")
         report.child_run_ids[p.canonical()] = run.info.run_id
     if report.json_path is not None:
-        _write_json(report)
+        write_json(report)
         client.log_artifact(pid, str(report.json_path))
     client.set_terminated(pid, status="FINISHED")
     report.parent_run_id = pid

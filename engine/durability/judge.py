@@ -96,6 +96,14 @@ def episode_scenario(base: Scenario, episode: Episode, shape: TraceShape, index:
     return dataclasses.replace(base, name=name, workload=wl, faults=Faults(faults, ())), gaps
 
 
+def layout_cost(scenario: Scenario, policy: Policy) -> tuple[int, float]:
+    """(brokers used, copies per message) of a policy on the scenario's cluster: its cost, as a sweep reports it."""
+    base = base_scenario(scenario)
+    short = dataclasses.replace(base, workload=dataclasses.replace(base.workload, duration_s=1.0))
+    layout = family_of(policy).layout(policy, manifest_for(build_plan(short, 0, 1.0)))
+    return layout.brokers_used, float(layout.replicas_per_message)
+
+
 def judge_episode(base: Scenario, episode: Episode, policies: Sequence[Policy], shape: TraceShape, index: int,
                   seed: int, real_rate_per_s: float) -> list[Verdict]:
     """Generate the episode's trace in-process and replay it under every policy (same trace for all)."""

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.durability.episodes import Biasing, Episode, EpisodeSampler, initial_rates_per_year
+from engine.durability.episodes import Biasing, Episode, EpisodeSampler, initial_rates_per_year, recovery_log_ratio
 from engine.durability.estimate import Stratum, policy_figures, weight_diagnostics
 from engine.durability.judge import TraceShape, Verdict, base_scenario, judge_episode
-from generators.model import Scenario
+from generators.model import Dist, DistKind, Scenario
 from generators.rates import Rates
 from replay.policies import Policy
 
@@ -71,7 +71,8 @@ def episode_rows(spec: DurabilitySpec, work: Iterable[tuple[int, int]], judge: J
         rows.append({
             "stratum": k, "episode": i, "log_q": ep.log_q, "counts": ep.counts.tolist(),
             "exposure_s": ep.exposure_s.tolist(), "length_s": ep.length_s, "faults": len(ep.events),
-            "max_down": ep.max_down, "truncated": ep.truncated,
+            "max_down": ep.max_down, "truncated": ep.truncated, "recovery_n": ep.recovery_n.tolist(),
+            "recovery_sum": ep.recovery_sum.tolist(), "recovery_log_sum": ep.recovery_log_sum.tolist(),
             "lost": [v.lost for v in verdicts], "acked_lost": [v.acked_lost for v in verdicts],
             "unavailable_s": [v.unavailable_s for v in verdicts],
             "failed_committed": [v.failed_committed for v in verdicts],
@@ -81,12 +82,14 @@ def episode_rows(spec: DurabilitySpec, work: Iterable[tuple[int, int]], judge: J
 
 
 def strata_of(rows: Sequence[dict[str, Any]], n_strata: int, per_year: np.ndarray, per_second: np.ndarray,
-              n_policies: int) -> list[Stratum]:
-    """Group episode rows by stratum, weighting each to the rates `per_second` (the model's or another's)."""
+              n_policies: int, recovery: Callable[[dict[str, Any]], float] | None = None) -> list[Stratum]:
+    """Group episode rows by stratum, weighting each to the rates `per_second` (the model's or another's) and,
+    with `recovery`, to other recovery times (the row's log density ratio of its recovery draws)."""
     out = []
     for k in range(n_strata):
         rs = [r for r in rows if r["stratum"] == k]
-        w = np.array([math.exp(_log_p(r, per_second) - r["log_q"]) for r in rs])
+        w = np.array([math.exp(_log_p(r, per_second) - r["log_q"] + (recovery(r) if recovery else 0.0))
+                      for r in rs])
 
         def col(name: str, rs: list = rs) -> np.ndarray:
             return np.array([r[name] for r in rs], dtype=np.float64).reshape(len(rs), n_policies)
@@ -111,15 +114,25 @@ class Estimate:
     spec: DurabilitySpec
     rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def strata(self, rates: Rates | None = None) -> list[Stratum]:
+    def strata(self, rates: Rates | None = None, recovery: dict[str, float] | None = None) -> list[Stratum]:
+        """The episodes weighted to `rates` (default the model's) with some processes' recovery times × a
+        factor (`recovery`: name → factor; clip bounds kept, `episodes.recovery_log_ratio`)."""
         rates = rates or self.spec.rates
         brokers, racks = len(self.spec.scenario.brokers), len(self.spec.scenario.racks)
         per_second = np.array([p.per_second for p in rates.processes])
-        return strata_of(self.rows, len(rates.processes), initial_rates_per_year(rates, brokers, racks), per_second,
-                         len(self.spec.policies))
+        ratio = None
+        if recovery and any(f != 1.0 for f in recovery.values()):
+            index = {p.name: i for i, p in enumerate(rates.processes)}
+            dists = {index[name]: (rates.processes[index[name]].recovery_s, f) for name, f in recovery.items()}
 
-    def figures(self, rates: Rates | None = None) -> list[dict[str, Any]]:
-        strata = self.strata(rates)
+            def ratio(row: dict[str, Any]) -> float:
+                return sum(recovery_log_ratio(d, f, row["recovery_n"][i], row["recovery_sum"][i],
+                                              row["recovery_log_sum"][i]) for i, (d, f) in dists.items())
+        return strata_of(self.rows, len(rates.processes), initial_rates_per_year(rates, brokers, racks), per_second,
+                         len(self.spec.policies), ratio)
+
+    def figures(self, rates: Rates | None = None, recovery: dict[str, float] | None = None) -> list[dict[str, Any]]:
+        strata = self.strata(rates, recovery)
         return [policy_figures(strata, j, self.spec.biasing.max_weight) for j in range(len(self.spec.policies))]
 
     def allocation(self, batch: int) -> list[int]:
@@ -179,19 +192,52 @@ SENSITIVITY = {
 }
 
 
+#: Broker restart times (after a process crash and after a host power loss) × these, together.
+RESTART_SENSITIVITY = (0.5, 1.0, 2.0, 4.0)
+RESTART_PROCESSES = ("crash", "power_loss")
+#: The `process` of the restart-time rows of the sensitivity table.
+RESTART_TIME = "restart_time"
+
+
 def sensitivity(est: Estimate) -> list[dict[str, Any]]:
-    """P(loss per year) and nines per policy with one process's rate multiplied, by re-weighting (no new
-    episodes; the effective sample size says how far the re-weighting can be trusted)."""
+    """P(loss per year) and nines per policy with one process's rate, or the brokers' restart times, multiplied,
+    by re-weighting (no new episodes; the effective sample size says how far the re-weighting can be trusted).
+    `x` is what the row's curve is drawn against: the process's rate per unit-year, or the mean restart time
+    after a crash in seconds (clip bounds kept, so not exactly factor × the model's mean)."""
     out = []
+
+    def rows(process: str, f: float, x: float, x_label: str, figures: list[dict[str, Any]]) -> None:
+        for policy, fig in zip(est.spec.policies, figures, strict=True):
+            out.append({"process": process, "factor": f, "x": x, "x_label": x_label,
+                        **({"per_year": x} if process != RESTART_TIME else {}), "policy": policy.canonical(),
+                        "p_loss_per_year": fig["p_loss_per_year"], "nines": fig["nines"],
+                        "loss_ess": fig["loss_ess"], "bounded": fig["bounded"]})
+
     for name, factors in SENSITIVITY.items():
         base = est.spec.rates[name].per_year
         for f in factors:
-            rates = est.spec.rates.scaled(rate={name: f})
-            for policy, fig in zip(est.spec.policies, est.figures(rates), strict=True):
-                out.append({"process": name, "factor": f, "per_year": base * f, "policy": policy.canonical(),
-                            "p_loss_per_year": fig["p_loss_per_year"], "nines": fig["nines"],
-                            "loss_ess": fig["loss_ess"], "bounded": fig["bounded"]})
+            rows(name, f, base * f, f"{name} per unit per year", est.figures(est.spec.rates.scaled(rate={name: f})))
+    names = [n for n in RESTART_PROCESSES if n in est.spec.rates.names]
+    if names:
+        crash = est.spec.rates[names[0]].recovery_s
+        for f in RESTART_SENSITIVITY:
+            rows(RESTART_TIME, f, _clipped_mean(crash, f), f"mean broker restart time after a {names[0]}, s",
+                 est.figures(recovery={n: f for n in names}))
     return out
+
+
+def _clipped_mean(d: Dist, factor: float, n: int = 20_000) -> float:
+    """Mean of d's law with its scale × factor and the same clip bounds (midpoint quadrature over quantiles)."""
+    from scipy import stats
+
+    u = (np.arange(n) + 0.5) / n
+    if d.kind is DistKind.LOGNORMAL:
+        x = d.median * factor * np.exp(d.sigma * stats.norm.ppf(u))
+    elif d.kind is DistKind.EXPONENTIAL:
+        x = -d.mean * factor * np.log1p(-u)
+    else:
+        return d.mean_value * factor
+    return float(np.clip(x, d.min if d.min is not None else -np.inf, d.max if d.max is not None else np.inf).mean())
 
 
 def estimate_local(spec: DurabilitySpec, *, episodes: int, batch: int = 32, target_rel_error: float | None = None,

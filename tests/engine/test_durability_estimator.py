@@ -162,3 +162,86 @@ def test_replayed_verdict_equals_the_chain_absorption():
         if losing >= 3 and safe >= 4:
             break
     assert losing >= 3 and safe >= 4
+
+
+def _recovery_weights(sampler: EpisodeSampler, eps, process: str, factor: float) -> np.ndarray:
+    """Each episode's likelihood ratio to the model with `process`'s recovery times × factor (clips kept)."""
+    from engine.durability.episodes import recovery_log_ratio
+
+    i = sampler.index[process]
+    d = sampler.rates.processes[i].recovery_s
+    return np.array([e.weight(sampler.per_second) * math.exp(recovery_log_ratio(
+        d, factor, e.recovery_n[i], e.recovery_sum[i], e.recovery_log_sum[i])) for e in eps])
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.25])
+def test_reweighting_repair_times_matches_the_chain_at_those_repair_times(factor):
+    """Restart-time sensitivity is exact re-weighting too: episodes sampled with mean repair 1/μ, re-weighted to
+    repairs × factor, estimate the chain at μ / factor (the exact value lies in the interval). Exponential repairs
+    re-weight only below × 2 (the likelihood ratio's variance is infinite beyond, and the recovery ratio refuses)."""
+    afr = afr_for(1e-6)
+    sampler = EpisodeSampler(disk_only_rates(afr, REPAIR_MEAN_S), BROKERS, Biasing(q=0.5))
+    disk = sampler.index["disk_loss"]
+    eps = [sampler.sample(disk, np.random.default_rng([13, i])) for i in range(3000)]
+    w = _recovery_weights(sampler, eps, "disk_loss", factor)
+    lost = np.array([[e.max_down == 3] for e in eps])
+    zeros = np.zeros((len(eps), 1))
+    s = Stratum(3 * afr, w, np.array([e.length_s for e in eps]), lost, zeros, zeros, zeros)
+    a, se = yearly([s], "lost", 0)
+    exact = 3 * afr * absorption_from_one(afr, SECONDS_PER_YEAR / (REPAIR_MEAN_S * factor))
+    assert abs(a - exact) <= Z95 * se, (a, se, exact)
+    base = 3 * afr * absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S)
+    if factor == 0.5:  # the check has teeth: halving the repairs moves P by 4×, outside the interval
+        assert abs(base - a) > Z95 * se
+
+
+def test_reweighting_restart_times_to_the_sampling_law_is_the_plain_estimate_and_matches_resampling():
+    """The default model's crash restarts (lognormal, clipped at 10 s and 1 h): with biasing off, re-weighting to
+    the sampling law (factor 1) gives every episode weight 1, so the estimate is the plain mean; re-weighted to
+    restarts × 2 (same clips) the mean episode length agrees with episodes sampled at × 2."""
+    import dataclasses
+
+    from generators.rates import load_rates
+
+    rates = load_rates()
+    rack_of = {b: f"r{b % 3}" for b in range(6)}
+    plain = EpisodeSampler(rates, rack_of, Biasing(q=0.0))
+    crash = plain.index["crash"]
+    eps = [plain.sample(crash, np.random.default_rng([17, i])) for i in range(3000)]
+    assert np.allclose(_recovery_weights(plain, eps, "crash", 1.0), 1.0, rtol=1e-9, atol=0)
+    assert all(e.recovery_n[crash] >= 1 for e in eps)  # the initial crash's restart is among the draws
+    lengths = np.array([e.length_s for e in eps])
+
+    w = _recovery_weights(plain, eps, "crash", 2.0)
+    z = w * lengths
+    reweighted, se_r = z.mean(), z.std(ddof=1) / math.sqrt(len(z))
+    d = rates["crash"].recovery_s
+    slow = dataclasses.replace(rates, processes=tuple(
+        dataclasses.replace(p, recovery_s=dataclasses.replace(d, median=d.median * 2)) if p.name == "crash" else p
+        for p in rates.processes))
+    resampled_eps = EpisodeSampler(slow, rack_of, Biasing(q=0.0))
+    y = np.array([resampled_eps.sample(crash, np.random.default_rng([19, i])).length_s for i in range(3000)])
+    resampled, se_s = y.mean(), y.std(ddof=1) / math.sqrt(len(y))
+    assert abs(reweighted - resampled) <= Z95 * math.hypot(se_r, se_s), (reweighted, resampled)
+    assert resampled > 1.5 * lengths.mean()  # the check has teeth: the lengths moved
+
+
+def test_recovery_ratio_from_sums_equals_the_density_ratio_of_the_draws():
+    from scipy import stats
+
+    from engine.durability.episodes import recovery_log_ratio
+    from generators.model import Dist, DistKind
+
+    rng = np.random.default_rng(2)
+    ln = Dist(DistKind.LOGNORMAL, median=60.0, sigma=1.0, min=10.0, max=3600.0)
+    x = rng.lognormal(math.log(60.0), 1.0, 7)
+    direct = float(np.sum(stats.lognorm.logpdf(x, 1.0, scale=120.0) - stats.lognorm.logpdf(x, 1.0, scale=60.0)))
+    assert recovery_log_ratio(ln, 2.0, len(x), x.sum(), np.log(x).sum()) == pytest.approx(direct, rel=1e-12)
+    ex = Dist(DistKind.EXPONENTIAL, mean=600.0)
+    y = rng.exponential(600.0, 5)
+    direct = float(np.sum(stats.expon.logpdf(y, scale=300.0) - stats.expon.logpdf(y, scale=600.0)))
+    assert recovery_log_ratio(ex, 0.5, len(y), y.sum(), np.log(y).sum()) == pytest.approx(direct, rel=1e-12)
+    with pytest.raises(ValueError, match="infinite variance"):
+        recovery_log_ratio(ex, 2.0, len(y), y.sum(), np.log(y).sum())
+    with pytest.raises(ValueError, match="uniform"):
+        recovery_log_ratio(Dist(DistKind.UNIFORM, min=1.0, max=2.0), 2.0, 1, 1.5, math.log(1.5))

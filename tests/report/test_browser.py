@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,58 +22,16 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from report.compare import build_report
 from report.interactive import chart_count
+from tests.report import chromium as browser
 
 pytestmark = pytest.mark.spark
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make browser installs "
-                                                             "Debian's chromium package as root)")
-
-
-def _chromium(args: list[str], profile: Path, timeout: float = 120) -> str:
-    """Run headless Chromium in its own process group (killed with it on timeout); its stdout."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           "--hide-scrollbars", f"--user-data-dir={profile}", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}"
-    return out
-
-
-def _dom(url: str, profile: Path, budget_ms: int = 20_000) -> str:
-    return _chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], profile)
-
-
-def _screenshot(url: str, path: Path, profile: Path, budget_ms: int = 20_000) -> Path:
-    _chromium([f"--virtual-time-budget={budget_ms}", "--window-size=1280,2400", f"--screenshot={path}", url],
-              profile)
-    return path
-
-
-def _ink(png: Path) -> tuple[float, float]:
-    """Fraction of pixels that are not (near) white, and of those in strong colour (chart lines and markers;
-    text, tables and a blank page are black, grey and white)."""
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int).reshape(-1, 3)
-    inked = float((pixels.min(axis=1) < 235).mean())
-    return inked, float((pixels.max(axis=1) - pixels.min(axis=1) > 80).mean())
-
-
-@needs_chromium
+@browser.needs_chromium
 def test_report_charts_render_in_chromium(k2_mlflow_replay, tmp_path):
     replay = k2_mlflow_replay
     page = build_report(replay.experiment, tmp_path / "report", replay.tracking_uri)
@@ -82,7 +39,7 @@ def test_report_charts_render_in_chromium(k2_mlflow_replay, tmp_path):
     charts = chart_count(html)
     assert charts == 3
 
-    dom = _dom(page.as_uri(), tmp_path / "profile")
+    dom = browser.dom(page.as_uri(), tmp_path / "profile")
     # plotly marks each graph it drew with js-plotly-plot and draws into main-svg layers; traces are g.trace.
     assert len(re.findall(r'<div[^>]*class="[^"]*js-plotly-plot', dom)) == charts
     assert dom.count('class="main-svg"') >= charts
@@ -93,8 +50,8 @@ def test_report_charts_render_in_chromium(k2_mlflow_replay, tmp_path):
     legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom)
     assert "kafka" in legend and "kafka:partitions=1,acks=1" in legend, legend
 
-    shot = _screenshot(page.as_uri(), tmp_path / "report.png", tmp_path / "profile")
-    inked, coloured = _ink(shot)
+    shot = browser.screenshot(page.as_uri(), tmp_path / "report.png", tmp_path / "profile")
+    inked, coloured = browser.ink(shot)
     # The charts' markers and lines in the policies' colours: not a blank page, nor text and tables alone.
     assert inked > 0.02 and coloured > 0.0015, (inked, coloured)
 
@@ -145,7 +102,7 @@ def _api(url: str, path: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-@needs_chromium
+@browser.needs_chromium
 def test_mlflow_ui_lists_every_policy_with_its_key_figures(k2_mlflow_replay, mlflow_server, tmp_path):
     replay = k2_mlflow_replay
     with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
@@ -167,7 +124,7 @@ def test_mlflow_ui_lists_every_policy_with_its_key_figures(k2_mlflow_replay, mlf
 
     profile = tmp_path / "profile"
     # The experiment's runs page (the "Model training" view) lists every policy run by name.
-    dom = _dom(f"{mlflow_server}/#/experiments/{exp['experiment_id']}/runs", profile, 40_000)
+    dom = browser.dom(f"{mlflow_server}/#/experiments/{exp['experiment_id']}/runs", profile, 40_000)
     every = _api(mlflow_server, "runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
     assert f"<strong>{len(every)}</strong> matching runs" in dom  # the policies (and a comparison run, if any)
     for name in names:
@@ -177,12 +134,12 @@ def test_mlflow_ui_lists_every_policy_with_its_key_figures(k2_mlflow_replay, mlf
     ids = json.dumps([r["info"]["run_id"] for r in runs])
     compare = (f"{mlflow_server}/#/compare-runs?runs={urllib.parse.quote(ids)}"
                f"&experiments={urllib.parse.quote(json.dumps([exp['experiment_id']]))}")
-    dom = _dom(compare, profile, 40_000)
+    dom = browser.dom(compare, profile, 40_000)
     assert f"Comparing {len(runs)} Runs" in dom
     for metric in ("acked_lost", "availability", "ack_latency_p99_ms"):
         assert f">{metric}<" in dom, metric
     for run in runs:
         assert run["info"]["run_name"] in dom and run["info"]["run_id"] in dom
-    shot = _screenshot(compare, tmp_path / "compare.png", profile, 40_000)
-    inked, _ = _ink(shot)
+    shot = browser.screenshot(compare, tmp_path / "compare.png", profile, 40_000)
+    inked, _ = browser.ink(shot)
     assert inked > 0.01, inked  # the page drew (a failed load is blank)
