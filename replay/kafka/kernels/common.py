@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kafka.kernels.steady import MsgState
+from replay.kafka.kernels.steady import C_CLIENT, C_FENCE, C_RETRY, C_TICK, CODES_PER_INSTANT, MsgState
 from schemas.trace import Kind
 
-# Position of an event within its instant (SPEC §2.2): trace kinds 0-8, then derived events.
+# Position of an event within its instant (SPEC §2.2): `steady` defines the codes.
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-C_FENCE, C_CLIENT, C_RETRY = 9, 11, 12  # and C_TICK = 10 (`steady`: the compiled loop passes idle ticks)
+__all__ = ["C_CLIENT", "C_FENCE", "C_RETRY", "C_TICK"]
 WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED, MsgState.ACKED,
                                             MsgState.FAILED)
 PENDING_COLS = {
@@ -29,4 +29,4 @@ COMPACT_AT = 32768  # pending messages from which a stretch hands the settled on
 
 def key(ts, code):
     """Events sort by ts, then by their position within the instant (SPEC §2.2)."""
-    return ts * 16 + code
+    return ts * CODES_PER_INSTANT + code

@@ -35,7 +35,7 @@ from replay.kafka.kernels.common import (
 )
 from replay.kafka.kernels.control import KafkaControl
 from replay.kafka.kernels.outputs import KafkaOutputs
-from replay.kafka.kernels.steady import C_TICK, INF, FlushCode
+from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
@@ -178,7 +178,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             k = min(limit, self.tick_key)
             if k == until_key:
                 break
-            t = k // 16
+            t = k // CODES_PER_INSTANT
             self._resolve_deadlines(t)
             self._clock(t)
             if k == ck:

@@ -16,13 +16,20 @@ from enum import IntEnum
 
 import numpy as np
 
+from replay.kafka.reference.state import CLIENT, FENCE, ISR_CHECK, RETRY
 from replay.shared.kernels.arrays import close_instant, compiled, in_runs, timeline_row
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 
 INF = np.iinfo(np.int64).max // 64
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-C_TICK = 10  # an ISR check tick's position within its instant (the derived events' codes: `common`)
+# An event's position within its instant (SPEC §2.2): trace kinds first, then the derived events in the
+# reference's order (`replay/kafka/reference/state.py`). A sort key is ts * CODES_PER_INSTANT + code.
+C_DERIVED = max(int(k) for k in Kind) + 1
+C_FENCE, C_TICK, C_CLIENT, C_RETRY = (C_DERIVED + FENCE, C_DERIVED + ISR_CHECK, C_DERIVED + CLIENT,
+                                      C_DERIVED + RETRY)
+CODES_PER_INSTANT = 16
+assert C_RETRY < CODES_PER_INSTANT
 DUR_CAP = 128  # durability buckets per replica before the ones surely on disk are folded
 
 
@@ -188,12 +195,12 @@ def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_
             break
         at_tick = kc < kt and kc < kr
         if at_tick and (pend_n >= compact_at or not tick_idle(
-                kc // 16, lag, l_ok, hw_moves, li, hw, zhw if zombie else hw, acks, srv_ok, refusing, in_isr, in_view,
-                log_len, fetched, lcu, state, dead, req, po, pend_n)):
+                kc // CODES_PER_INSTANT, lag, l_ok, hw_moves, li, hw, zhw if zombie else hw, acks, srv_ok, refusing,
+                in_isr, in_view, log_len, fetched, lcu, state, dead, req, po, pend_n)):
             break  # a control point, its handler in Python (or the pending table to compact, which bounds scans)
         trace = not at_tick and kt <= kr  # trace events first on equal keys
         arrival = True
-        t = (kc if at_tick else kt if trace else kr) // 16
+        t = (kc if at_tick else kt if trace else kr) // CODES_PER_INSTANT
         if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
             leo_c = log_len[li] if li >= 0 else 0
             n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw, prev_leo, prev_hw, window, series)
@@ -209,7 +216,7 @@ def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_
             n_unav = close_instant(sc, S_AV_HAS, cur_t, blocked, stall, unav_out, n_unav)
             cur_t = t
         if at_tick:  # ------------------------------- rule 6: an idle ISR check tick; the next one is due
-            tick = kc + tick_period * 16 if t + tick_period <= duration else INF
+            tick = kc + tick_period * CODES_PER_INSTANT if t + tick_period <= duration else INF
             continue
         if trace:
             j = s_src[i_s]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kafka.kernels.steady import C_PRODUCE, C_REPLICATE, INF, MsgState
+from replay.kafka.kernels.steady import C_PRODUCE, C_REPLICATE, CODES_PER_INSTANT, INF, MsgState
 from replay.shared.kernels.arrays import compiled
 
 _APPENDED = int(MsgState.APPENDED)  # numba reads module globals as compile-time constants
@@ -29,8 +29,8 @@ def merge_stream(b_ts, b_kind, b_rep, p_ts):
     for o in range(n):
         while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
             i += 1
-        kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
-        kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
+        kb = b_ts[i] * CODES_PER_INSTANT + C_REPLICATE if i < len(b_ts) else INF
+        kp = p_ts[k] * CODES_PER_INSTANT + C_PRODUCE if k < len(p_ts) else INF
         if kb < kp:  # a replica's report
             key[o], src[o] = kb, -1 - i
             i += 1

@@ -9,7 +9,7 @@ from replay.kafka.kernels import steady
 from replay.kafka.kernels.common import (
     COMPACT_AT,
 )
-from replay.kafka.kernels.steady import INF, AckCode
+from replay.kafka.kernels.steady import CODES_PER_INSTANT, INF, AckCode
 from replay.policies import Acks
 from replay.results import (
     StateRow,
@@ -41,7 +41,7 @@ class KafkaStretches:
         Returns whether it stopped at an ISR check tick that is not idle."""
         ticks = 0  # at most one closed instant per event and per tick
         if self.tick_key < limit_key:
-            ticks = (limit_key // 16 - self.tick_key // 16) // self.tick_period_us + 1
+            ticks = (limit_key // CODES_PER_INSTANT - self.tick_key // CODES_PER_INSTANT) // self.tick_period_us + 1
         due = hi - self.s_pos + shi
         arrivals = int(np.count_nonzero(self.s_src[self.s_pos: hi] >= 0)) + shi  # new rows and appends, at most
         ldr, srv = self.leader, self._serving()
