@@ -10,6 +10,7 @@ from replay.kafka.kernels.common import (
     APPENDED,
     FAILED,
     PAYLOAD,
+    set_state,
 )
 from replay.kafka.kernels.steady import INF
 from replay.kafka.kernels.stream import any_due
@@ -70,7 +71,7 @@ class KafkaOutputs:
         other = Error.NOT_ENOUGH_REPLICAS if srv >= 0 and self._refusing() else Error.NO_LEADER
         err = np.where(st[rows] == APPENDED, Error.REQUEST_TIMEOUT, other).astype(np.int8)
         self.pend.cols["err"][rows] = err
-        st[rows] = FAILED
+        set_state(st, rows, FAILED)
         # drop their scheduled retries
         if len(self.sched_row):
             keep = ~np.isin(self.sched_row, rows)
