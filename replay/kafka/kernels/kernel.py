@@ -38,6 +38,7 @@ from replay.kafka.kernels.outputs import KafkaOutputs
 from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, Durability, Flush, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
+from replay.kafka.reference.state import ISR_CHECKS_PER_LAG_TIME
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
     FinalView,
@@ -58,14 +59,14 @@ from replay.shared.kernels.arrays import (
 from replay.shared.kernels.judge import judge
 from replay.shared.kernels.records import all_records, record_table
 from schemas.trace import Kind
-from schemas.units import MS
+from schemas.units import MS, S
 
 
 class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClients):
     """Chunked replay of one partition: `advance()` time chunks in order, then `finish()`."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
+                 window_us: int = S) -> None:
         self.p = policy
         self.partition = partition
         self.order = tuple(replicas)
@@ -119,7 +120,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.seq = 0
         # Rule 6: ISR check ticks from time 0, kept apart from the heap: the compiled loop passes the idle ones
         self.tick_key = key(0, C_TICK)
-        self.tick_period_us = policy.replica_lag_time_max_ms * MS // 2
+        self.tick_period_us = policy.replica_lag_time_max_ms * MS // ISR_CHECKS_PER_LAG_TIME
         self.pend = Table(PENDING_COLS)
         self.extra = Table(EXTRA_COLS)  # earlier appends of retried messages
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries

@@ -23,6 +23,8 @@ from schemas.outcomes import Error
 from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
+COMPACT_MIN_ROWS = 4096  # a smaller pending table is not worth a compaction
+COMPACT_SETTLED_SHARE = 2  # nor one with fewer than 1 / COMPACT_SETTLED_SHARE of its rows settled
 
 
 class KafkaOutputs:
@@ -81,13 +83,13 @@ class KafkaOutputs:
     def _compact(self) -> None:
         """Hand settled messages to the records: acknowledged or failed, and visible or held by no replica."""
         n = self.pend.n
-        if n < 4096:
+        if n < COMPACT_MIN_ROWS:
             return
         pinned = None
         if self.extra.n:  # retried messages keep their rows until the end (rare)
             pinned = np.isin(self.pend["msg"], self.extra["msg"])
         settled, count = settled_mask(self.pend, self.runs, pinned, _ACKED, _FAILED)
-        if count < n // 2:
+        if count < n // COMPACT_SETTLED_SHARE:
             return
         remap = hand_over_settled(self.pend, self.recs, settled, PAYLOAD, _ACKED, _FAILED)
         if len(self.sched_row):

@@ -197,8 +197,6 @@ CARRIED = np.dtype([
     ("closed", np.int64), ("prev_leo", np.int64), ("prev_hw", np.int64),  # instants closed, the last row's values
     ("offset_base", np.int64),  # the offset of Outputs.offset_row[0]
 ])
-#: The availability of the open instant for `arrays.close_instant`: (open, instant, blocked, stall start).
-AVAILABILITY_WIDTH = 4
 
 
 # ================================================================================ the message state machine

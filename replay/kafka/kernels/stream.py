@@ -14,11 +14,11 @@ _APPENDED = int(MsgState.APPENDED)  # numba reads module globals as compile-time
 @compiled
 def merge_stream(b_ts, b_kind, b_rep, p_ts):
     """The chunk's stream events in SPEC §2.2 order: the reports of the partition's replicas (`b_rep` >= 0) and the
-    produce events, both already sorted by time (`PartitionEvents`), merged. Returns (key, src): key = ts·16 +
-    kind, and where each event's columns are: src = j for produce event j, src = -1 - i for broker event i. The
-    compiled loop reads the events' columns where they are: a merged copy of all nine columns was seven more
-    fresh arrays per chunk (this merge 0.02 CPU-s per preset on the steady trace, that one 0.03, the loop about
-    even). A sentinel key INF ends the arrays."""
+    produce events, both already sorted by time (`PartitionEvents`), merged. Returns (key, src): key =
+    ts·CODES_PER_INSTANT + kind, and where each event's columns are: src = j for produce event j, src = -1 - i for
+    broker event i. The compiled loop reads the events' columns where they are: a merged copy of all nine columns
+    was seven more fresh arrays per chunk (this merge 0.02 CPU-s per preset on the steady trace, that one 0.03,
+    the loop about even). A sentinel key INF ends the arrays."""
     nr = 0
     for j in range(len(b_ts)):
         if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:

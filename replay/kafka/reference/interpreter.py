@@ -46,7 +46,16 @@ from replay.events import PartitionEvents
 from replay.kafka.reference.clients import KafkaReferenceClients
 from replay.kafka.reference.control import KafkaReferenceControl
 from replay.kafka.reference.outputs import KafkaReferenceOutputs
-from replay.kafka.reference.state import ISR_CHECK, RETRY, Msg, MsgState, Replica, Zombie, check_transition
+from replay.kafka.reference.state import (
+    ISR_CHECK,
+    ISR_CHECKS_PER_LAG_TIME,
+    RETRY,
+    Msg,
+    MsgState,
+    Replica,
+    Zombie,
+    check_transition,
+)
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, FlushMode, KafkaPolicy
 from replay.results import PartitionResult, StateRow
 from schemas.outcomes import NULL_US
@@ -249,7 +258,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
 
     def _on_isr_check(self, t: int, _: int) -> None:
         """Rule 6: the leader drops followers not caught up for more than replica_lag_time_max_ms."""
-        period = self.p.replica_lag_time_max_ms * MS // 2
+        period = self.p.replica_lag_time_max_ms * MS // ISR_CHECKS_PER_LAG_TIME
         if t + period <= self.duration_us:
             self._push(t + period, ISR_CHECK, "isr_check", 0)
         ldr = self.leader

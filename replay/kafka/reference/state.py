@@ -10,6 +10,8 @@ from schemas.outcomes import NULL_US, Error, Status
 
 # Derived events at the same instant apply after trace events, in this order (SPEC §2.2).
 FENCE, ISR_CHECK, CLIENT, RETRY, DEADLINE = range(5)
+#: Rule 6: the leader checks its ISR every replica_lag_time_max_ms / ISR_CHECKS_PER_LAG_TIME.
+ISR_CHECKS_PER_LAG_TIME = 2
 
 
 class MsgState(IntEnum):
