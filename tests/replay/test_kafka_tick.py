@@ -3,7 +3,7 @@ when unsure (the tick then runs in Python), never yes when the tick would change
 
 import numpy as np
 
-from replay.kafka.kernels.steady import AckCode, MsgState, tick_idle
+from replay.kafka.kernels.steady import AckCode, Flush, FlushCode, MsgState, Pending, Replicas, Stretch, tick_idle
 
 T, LAG = 30_000_000, 10_000_000
 
@@ -12,11 +12,19 @@ def idle(state=(), dead=(), req=(), po=(), *, acks=AckCode.ALL, l_ok=True, hw_mo
          lcu=(T, T, T), in_isr=(True, True, True), srv_ok=True, refusing=False) -> bool:
     """Leader 0 of three replicas with log end 5, every replica in the ISR (and the view)."""
     n = len(state)
-    cols = (np.array(state, dtype=np.int8), np.array(dead, dtype=np.int64), np.array(req, dtype=np.int64),
-            np.array(po, dtype=np.int64))
-    return tick_idle(T, LAG, l_ok, hw_moves, 0, hw, hw, int(acks), srv_ok, refusing, np.array(in_isr),
-                     np.ones(3, dtype=bool), np.array([5, 5, 5], dtype=np.int64), np.array(fetched, dtype=np.int64),
-                     np.array(lcu, dtype=np.int64), *cols, n)
+    unused = np.zeros(n, dtype=np.int64)
+    msgs = Pending(**{f: unused for f in Pending._fields})._replace(
+        state=np.array(state, dtype=np.int8), deadline_us=np.array(dead, dtype=np.int64),
+        request_us=np.array(req, dtype=np.int64), offset=np.array(po, dtype=np.int64))
+    stretch = Stretch(
+        stream_end=0, retry_end=0, leader=0, serving=0, serving_is_leader=True, serving_ok=srv_ok, refusing=refusing,
+        acks=int(acks), leader_eligible=l_ok, hw_moves=hw_moves, epoch=0, epoch_start=0, delivery_timeout_us=0,
+        request_timeout_us=0, window_us=1, zombie=False, zombie_alone=False, blocked=False, series=True,
+        flush=Flush(int(FlushCode.SYNC), 1, 0), limit_key=0, replica_lag_us=LAG, tick_period_us=LAG // 2,
+        duration_us=T, compact_at=1)
+    replicas = Replicas(np.array([5, 5, 5], dtype=np.int64), np.array(fetched, dtype=np.int64),
+                        np.array(lcu, dtype=np.int64), np.ones(3, dtype=bool), np.array(in_isr), np.ones(3, dtype=bool))
+    return tick_idle(T, stretch, hw, hw, replicas, msgs, n)
 
 
 def test_a_caught_up_partition_with_settled_messages_is_idle():

@@ -14,6 +14,7 @@ from replay.kafka.kernels.common import (
     REFUSED,
     WAITING,
     key,
+    set_state,
 )
 from replay.policies import Acks
 from replay.results import (
@@ -76,7 +77,7 @@ class KafkaClients:
         pe, po = self.pend["pe"][rows], self.pend["po"][rows]
         held = runs_contain(runs_array(self.runs[self.ix[srv]]), pe, po)
         ok = held if self.acks is Acks.ONE else held & (po < self._serving_hw())
-        st[rows[ok]] = ACKED
+        set_state(st, rows[ok], ACKED)
         self.pend.cols["ack"][rows[ok]] = t
 
     def _on_switch(self, t: int, _: int) -> None:
@@ -105,7 +106,7 @@ class KafkaClients:
             if self.extra.n:
                 self._promote_extra(rows, held, runs)
         hrows = rows[held]
-        st[hrows] = APPENDED  # the idempotent retry finds its copy
+        set_state(st, hrows, APPENDED)  # the idempotent retry finds its copy
         self.pend.cols["req"][hrows] = t
         retry = rows[~held]
         retry = retry[np.argsort(self.pend["msg"][retry], kind="stable")]
@@ -143,10 +144,10 @@ class KafkaClients:
         srv = self._serving()
         st = self.pend.cols["state"]
         if srv < 0:
-            st[rows] = WAITING
+            set_state(st, rows, WAITING)
             return
         if self._refusing():
-            st[rows] = REFUSED
+            set_state(st, rows, REFUSED)
             self.pend.cols["anchor"][rows] = t
             self.pend.cols["nref"][rows] += 1
             return
@@ -157,10 +158,10 @@ class KafkaClients:
         self.pend.cols["pe"][rows] = epoch
         self.pend.cols["po"][rows] = offsets
         self._append_entries(si, epoch, np.full(len(rows), t, dtype=np.int64), self.pend["size"][rows], offsets)
-        st[rows] = APPENDED
+        set_state(st, rows, APPENDED)
         self.pend.cols["req"][rows] = t
         if self.acks is Acks.ONE:
-            st[rows] = ACKED
+            set_state(st, rows, ACKED)
             self.pend.cols["ack"][rows] = t
         if self._is_zombie_target():
             self._zombie_commit(t)

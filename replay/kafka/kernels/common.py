@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kafka.kernels.steady import MsgState
+from replay.kafka.kernels.steady import C_CLIENT, C_FENCE, C_RETRY, C_TICK, CODES_PER_INSTANT, Pending
+from replay.kafka.reference.state import IllegalTransition, MsgState, legal_transitions
 from schemas.trace import Kind
 
-# Position of an event within its instant (SPEC §2.2): trace kinds 0-8, then derived events.
+# Position of an event within its instant (SPEC §2.2): `steady` defines the codes.
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-C_FENCE, C_CLIENT, C_RETRY = 9, 11, 12  # and C_TICK = 10 (`steady`: the compiled loop passes idle ticks)
+__all__ = ["C_CLIENT", "C_FENCE", "C_RETRY", "C_TICK"]
 WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED, MsgState.ACKED,
                                             MsgState.FAILED)
+#: The pending messages' columns, in the order of `steady.Pending`'s fields (the reference's `Msg` names).
 PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
     "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
@@ -19,6 +21,7 @@ PENDING_COLS = {
     # carried untouched to the outputs (PartitionEvents.payload)
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
+assert len(PENDING_COLS) == len(Pending._fields) and tuple(PENDING_COLS)[-3:] == Pending._fields[-3:]
 PAYLOAD = ("pid", "part", "keyid")
 #: Earlier appends of retried messages, in the order they were made: a retried message appended again keeps its
 #: earlier (epoch, offset) for judging its fate, as a copy may survive (`Msg.positions` in
@@ -29,4 +32,16 @@ COMPACT_AT = 32768  # pending messages from which a stretch hands the settled on
 
 def key(ts, code):
     """Events sort by ts, then by their position within the instant (SPEC §2.2)."""
-    return ts * 16 + code
+    return ts * CODES_PER_INSTANT + code
+
+
+_LEGAL = np.array(legal_transitions(), dtype=bool)  # [new - NEW, previous - NEW], `VALID_PREVIOUS_STATES`
+
+
+def set_state(state: np.ndarray, rows: np.ndarray, new: MsgState) -> None:
+    """Pending rows enter state `new`: the kernel's Python code checks each message's transition against
+    `VALID_PREVIOUS_STATES` here, as its compiled code does in `steady.transition`."""
+    previous = state[rows].astype(np.intp) - MsgState.NEW
+    if not _LEGAL[int(new) - MsgState.NEW, previous].all():
+        raise IllegalTransition(f"a message state transition to {new.name} VALID_PREVIOUS_STATES does not allow")
+    state[rows] = new

@@ -43,8 +43,8 @@ class KafkaControl:
 
     def _durable_prefix(self, i: int, t: int) -> int:
         n = int(self.flushed_all[i])
-        for d, ln in zip(self.dur_d[i, : self.dur_n[i]].tolist(), self.dur_len[i, : self.dur_n[i]].tolist(),
-                         strict=True):
+        k = self.durable_n[i]
+        for d, ln in zip(self.durable_at_us[i, :k].tolist(), self.durable_len[i, :k].tolist(), strict=True):
             if d < t:  # a flush tick at the very instant of the power loss comes after it (SPEC §2.2)
                 n = max(n, ln)
         return min(n, int(self.log_len[i]))
@@ -60,7 +60,7 @@ class KafkaControl:
         elif kind is Kind.DISK_LOSS:
             self._truncate(i, 0)
         self.flushed_all[i] = self.log_len[i]
-        self.dur_n[i] = 0
+        self.durable_n[i] = 0
         self._became_unreachable(t, i)
         self._zombie_stops(b)
         if b == self.target and self.leader >= 0 and self.leader != b:
@@ -73,7 +73,7 @@ class KafkaControl:
         self.up[i] = False
         self.unclean[i] = False
         self.flushed_all[i] = self.log_len[i]
-        self.dur_n[i] = 0
+        self.durable_n[i] = 0
         self.unreach[i] = -1
         self._zombie_stops(b)
         self._leave_isr(b)
@@ -98,7 +98,7 @@ class KafkaControl:
         i = self.ix[b]
         self.up[i] = True
         self.flushed_all[i] = self.log_len[i]
-        self.dur_n[i] = 0
+        self.durable_n[i] = 0
         if self.iso[i]:
             self.must_register[i] = True
             return

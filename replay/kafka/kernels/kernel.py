@@ -35,9 +35,10 @@ from replay.kafka.kernels.common import (
 )
 from replay.kafka.kernels.control import KafkaControl
 from replay.kafka.kernels.outputs import KafkaOutputs
-from replay.kafka.kernels.steady import C_TICK, INF, FlushCode
+from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, Durability, Flush, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
+from replay.kafka.reference.state import ISR_CHECKS_PER_LAG_TIME
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
     FinalView,
@@ -58,14 +59,14 @@ from replay.shared.kernels.arrays import (
 from replay.shared.kernels.judge import judge
 from replay.shared.kernels.records import all_records, record_table
 from schemas.trace import Kind
-from schemas.units import MS
+from schemas.units import MS, S
 
 
 class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClients):
     """Chunked replay of one partition: `advance()` time chunks in order, then `finish()`."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000) -> None:
+                 window_us: int = S) -> None:
         self.p = policy
         self.partition = partition
         self.order = tuple(replicas)
@@ -88,15 +89,15 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.flushed_all = np.zeros(n, dtype=np.int64)
         self.runs: list[list[list[int]]] = [[] for _ in range(n)]
         # per replica, writes not yet surely on disk: (durable_at_us, length) buckets (`steady.wrote`)
-        self.dur_d = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
-        self.dur_len = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
-        self.dur_n = np.zeros(n, dtype=np.int64)
+        self.durable_at_us = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
+        self.durable_len = np.zeros((n, steady.DUR_CAP), dtype=np.int64)
+        self.durable_n = np.zeros(n, dtype=np.int64)
         if policy.flush is FlushMode.SYNC:
-            self.flush = (int(FlushCode.SYNC), 1, 0)
+            self.flush = Flush(int(FlushCode.SYNC), period_us=1, expire_us=0)
         elif policy.flush_interval_ms is None:
-            self.flush = (int(FlushCode.OS), OS_WRITEBACK_PERIOD_MS * MS, OS_WRITEBACK_EXPIRE_MS * MS)
+            self.flush = Flush(int(FlushCode.OS), OS_WRITEBACK_PERIOD_MS * MS, OS_WRITEBACK_EXPIRE_MS * MS)
         else:
-            self.flush = (int(FlushCode.INTERVAL), policy.flush_interval_ms * MS, 0)
+            self.flush = Flush(int(FlushCode.INTERVAL), policy.flush_interval_ms * MS, expire_us=0)
         self.epochs: dict[int, tuple[int, Grow, Grow]] = {0: (0, Grow(), Grow())}  # epoch -> (start, app, size)
         # Rule 2: the first replica leads; the ISR starts as all replicas.
         self.leader = self.order[0]
@@ -119,7 +120,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.seq = 0
         # Rule 6: ISR check ticks from time 0, kept apart from the heap: the compiled loop passes the idle ones
         self.tick_key = key(0, C_TICK)
-        self.tick_period_us = policy.replica_lag_time_max_ms * MS // 2
+        self.tick_period_us = policy.replica_lag_time_max_ms * MS // ISR_CHECKS_PER_LAG_TIME
         self.pend = Table(PENDING_COLS)
         self.extra = Table(EXTRA_COLS)  # earlier appends of retried messages
         self.sched_key = np.zeros(0, dtype=np.int64)  # scheduled NotEnoughReplicas retries
@@ -178,7 +179,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             k = min(limit, self.tick_key)
             if k == until_key:
                 break
-            t = k // 16
+            t = k // CODES_PER_INSTANT
             self._resolve_deadlines(t)
             self._clock(t)
             if k == ck:
@@ -267,7 +268,12 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     # -------------------------------------------------------------------------------- durability
     def _wrote(self, i: int, t: int, length: int) -> None:
         """Replica i's log reached `length` at t (kept for a power loss, SPEC §3.1)."""
-        steady.wrote(i, t, length, self.flushed_all, self.dur_d, self.dur_len, self.dur_n, *self.flush)
+        steady.wrote(i, t, length, self.durability, self.flush)
+
+    @property
+    def durability(self) -> Durability:
+        """The replicas' durability state as the compiled code reads it (`steady.Durability`)."""
+        return Durability(self.flushed_all, self.durable_at_us, self.durable_len, self.durable_n)
 
     def _truncate(self, i: int, length: int) -> None:
         length = min(length, int(self.log_len[i]))
@@ -275,7 +281,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         self.runs[i] = prefix_runs(self.runs[i], length)
         self.flushed_all[i] = min(self.flushed_all[i], length)
         self.fetched[i] = min(self.fetched[i], length)
-        np.minimum(self.dur_len[i], length, out=self.dur_len[i])
+        np.minimum(self.durable_len[i], length, out=self.durable_len[i])
 
     # ---------------------------------------------------------------------------------- end of trace
     def _final_view(self) -> FinalView:

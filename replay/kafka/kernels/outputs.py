@@ -10,6 +10,7 @@ from replay.kafka.kernels.common import (
     APPENDED,
     FAILED,
     PAYLOAD,
+    set_state,
 )
 from replay.kafka.kernels.steady import INF
 from replay.kafka.kernels.stream import any_due
@@ -22,6 +23,8 @@ from schemas.outcomes import Error
 from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
+COMPACT_MIN_ROWS = 4096  # a smaller pending table is not worth a compaction
+COMPACT_SETTLED_SHARE = 2  # nor one with fewer than 1 / COMPACT_SETTLED_SHARE of its rows settled
 
 
 class KafkaOutputs:
@@ -70,7 +73,7 @@ class KafkaOutputs:
         other = Error.NOT_ENOUGH_REPLICAS if srv >= 0 and self._refusing() else Error.NO_LEADER
         err = np.where(st[rows] == APPENDED, Error.REQUEST_TIMEOUT, other).astype(np.int8)
         self.pend.cols["err"][rows] = err
-        st[rows] = FAILED
+        set_state(st, rows, FAILED)
         # drop their scheduled retries
         if len(self.sched_row):
             keep = ~np.isin(self.sched_row, rows)
@@ -80,13 +83,13 @@ class KafkaOutputs:
     def _compact(self) -> None:
         """Hand settled messages to the records: acknowledged or failed, and visible or held by no replica."""
         n = self.pend.n
-        if n < 4096:
+        if n < COMPACT_MIN_ROWS:
             return
         pinned = None
         if self.extra.n:  # retried messages keep their rows until the end (rare)
             pinned = np.isin(self.pend["msg"], self.extra["msg"])
         settled, count = settled_mask(self.pend, self.runs, pinned, _ACKED, _FAILED)
-        if count < n // 2:
+        if count < n // COMPACT_SETTLED_SHARE:
             return
         remap = hand_over_settled(self.pend, self.recs, settled, PAYLOAD, _ACKED, _FAILED)
         if len(self.sched_row):

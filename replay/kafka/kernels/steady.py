@@ -3,37 +3,41 @@
 Between two control points (faults, fencing deadlines, ISR check ticks, client switches, ISR expansions) the
 partition's leader, ISR, serving broker and refusal do not change. `steady` applies the produce and replicate
 events and the scheduled NotEnoughReplicas retries of such a stretch in (ts, kind) order as the reference
-interpreter would (`KafkaReference._produce`, `_attempt`, `_append`, `_replicate`, `_recompute_hw`), with the
-carried state in arrays, and returns to Python at the end of the stretch or right after the report that expands
-the ISR (rule 7, a control change). It also closes the instants it passes (timeline rows, availability), and
-passes the ISR check ticks (rule 6) that would change nothing (`tick_idle`): in steady state that is every tick,
-so a partition's stretch is not cut every replica_lag_time_max_ms / 2 of trace.
+interpreter would, one compiled helper per rule named after the reference's method (`_produce`, `_attempt`,
+`_append`, `_replicate`, `_recompute_hw`, `_end_instant`), on named records (`Stretch`, `Replicas`, `Durability`,
+`LeaderLog`, `Pending`, `StreamCols`, `Outputs`, and the carried scalars' `CARRIED` record). A message's state
+changes through `transition`, which checks the reference's `VALID_PREVIOUS_STATES`. It returns to Python at the
+end of the stretch or right after the report that expands the ISR (rule 7, a control change). It also closes the
+instants it passes (timeline rows, availability), and passes the ISR check ticks (rule 6) that would change
+nothing (`tick_idle`): in steady state that is every tick, so a partition's stretch is not cut every
+replica_lag_time_max_ms / 2 of trace.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
+from replay.kafka.reference.state import CLIENT, FENCE, ISR_CHECK, RETRY, IllegalTransition, MsgState, legal_transitions
 from replay.shared.kernels.arrays import close_instant, compiled, in_runs, timeline_row
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 
-INF = np.iinfo(np.int64).max // 64
+__all__ = ["MsgState"]  # the reference's message states, the codes of the pending `state` column
+
+INF = np.iinfo(np.int64).max // 64  # "never": a key or time past any trace, with room for sums
+NONE = -1  # no replica, row, epoch or offset
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-C_TICK = 10  # an ISR check tick's position within its instant (the derived events' codes: `common`)
+# An event's position within its instant (SPEC §2.2): trace kinds first, then the derived events in the
+# reference's order (`replay/kafka/reference/state.py`). A sort key is ts * CODES_PER_INSTANT + code.
+C_DERIVED = max(int(k) for k in Kind) + 1
+C_FENCE, C_TICK, C_CLIENT, C_RETRY = (C_DERIVED + FENCE, C_DERIVED + ISR_CHECK, C_DERIVED + CLIENT,
+                                      C_DERIVED + RETRY)
+CODES_PER_INSTANT = 16
+assert C_RETRY < CODES_PER_INSTANT
 DUR_CAP = 128  # durability buckets per replica before the ones surely on disk are folded
-
-
-class MsgState(IntEnum):
-    """A pending message's state (as the reference's `Msg.state`)."""
-
-    WAITING = 0  # no broker serves clients: retried at the next client switch
-    REFUSED = 1  # NotEnoughReplicas (rule 3), a retry is due after the backoff
-    APPENDED = 2  # in the serving broker's log, waiting for the high watermark (acks=all)
-    ACKED = 3
-    FAILED = 4
 
 
 class FlushCode(IntEnum):
@@ -51,266 +55,442 @@ class AckCode(IntEnum):
 
 
 # Integer constants for the compiled code (numba reads module globals as compile-time constants).
-_WAITING, _REFUSED, _APPENDED, _ACKED = (int(MsgState.WAITING), int(MsgState.REFUSED), int(MsgState.APPENDED),
-                                         int(MsgState.ACKED))
+_NEW, _WAITING, _REFUSED, _APPENDED, _ACKED = (int(MsgState.NEW), int(MsgState.WAITING), int(MsgState.REFUSED),
+                                               int(MsgState.APPENDED), int(MsgState.ACKED))
+#: `VALID_PREVIOUS_STATES` as a table: [new - NEW, previous - NEW] (a global array numba freezes as a constant).
+_LEGAL = np.array(legal_transitions(), dtype=np.bool_)
 _SYNC, _OS = int(FlushCode.SYNC), int(FlushCode.OS)
 _NO_ERROR = int(Error.NONE)
 _ZERO, _ONE, _ALL = int(AckCode.ZERO), int(AckCode.ONE), int(AckCode.ALL)
 
-# Indices of the carried scalars in `sc` (read and written back by `steady`).
-(S_HW, S_ZHW, S_ZSTALL, S_CUR_T, S_REPL_BYTES, S_AV_HAS, S_AV_T, S_AV_BLOCKED, S_AV_STALL, S_LEAD_N, S_CUM_N,
- S_EP_N, S_PEND_N, S_POS, S_SCHED_POS, S_APPENDED, S_EXPAND, S_NROWS, S_NUNAV, S_NEXTRA, S_NHW, S_TICK) = range(22)
-N_SCALARS = 22
-assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
-# Indices of the per-stretch constants in `cf`.
-(F_S_HI, F_SCHED_HI, F_LI, F_SI, F_SRV_LEADER, F_SRV_OK, F_REFUSING, F_ACKS, F_L_OK, F_HW_MOVES, F_EPOCH,
- F_EPOCH_START, F_DELIVERY, F_TIMEOUT, F_WINDOW, F_ZOMBIE, F_ZOMBIE_ALONE, F_BLOCKED, F_SERIES, F_FLUSH,
- F_PERIOD, F_EXPIRE, F_LIMIT, F_LAG, F_TICK_PERIOD, F_DURATION, F_COMPACT_AT) = range(27)
-N_CONSTANTS = 27
-#: Columns of `steady`'s output buffers: timeline rows (`arrays.timeline_row`: t, log end, high watermark, window
-#: end), unavailability intervals, earlier copies (msg, epoch, offset), high watermark moves (t, value).
+
+# ============================================================================== the records `steady` reads
+class Flush(NamedTuple):
+    """The flush rule (SPEC §3.1), as `KafkaReference._durable_at` reads it from the policy."""
+
+    mode: int  # FlushCode
+    period_us: int
+    expire_us: int
+
+
+class Stretch(NamedTuple):
+    """What stays fixed over one steady stretch (the reference's leader, ISR, target and policy)."""
+
+    stream_end: int  # the stream events of the stretch: StreamCols.key[stream_pos:stream_end]
+    retry_end: int  # its scheduled retries: StreamCols.retry_key[retry_pos:retry_end]
+    leader: int  # the leader's replica index, or NONE
+    serving: int  # the serving broker's replica index (`_serving`), or NONE
+    serving_is_leader: bool
+    serving_ok: bool  # a broker serves clients
+    refusing: bool  # it refuses acks=all writes (rule 3)
+    acks: int  # AckCode
+    leader_eligible: bool  # the leader is up and reachable: its followers' reports count (rule 5)
+    hw_moves: bool  # `_recompute_hw` may move the high watermark (a leader that knows it leads, not frozen)
+    epoch: int  # the serving broker's leader epoch
+    epoch_start: int  # the leader's log end when its epoch began (SPEC §3.7 K-5)
+    delivery_timeout_us: int
+    request_timeout_us: int
+    window_us: int
+    zombie: bool  # the serving broker is a zombie (rule 10)
+    zombie_alone: bool  # ... whose ISR was itself alone: it commits on its own
+    blocked: bool  # no broker serves, or it refuses: the instants are unavailable
+    series: bool  # the leader is up: the instants' rows are a series of (log end, high watermark)
+    flush: Flush
+    limit_key: int  # the stretch ends before this key
+    replica_lag_us: int  # replica_lag_time_max_ms (rule 6)
+    tick_period_us: int  # ISR check ticks every replica_lag_time_max_ms / 2
+    duration_us: int
+    compact_at: int  # pending rows from which the stretch ends so that settled ones are handed over
+
+
+class Replicas(NamedTuple):
+    """Per replica, in assignment order (the reference's `Replica` fields)."""
+
+    log_len: np.ndarray
+    fetched: np.ndarray  # the leader's view of its log end
+    lcu: np.ndarray  # last time it was caught up with the leader
+    follower_ok: np.ndarray  # an eligible follower, its reports count (rule 5)
+    in_isr: np.ndarray
+    in_view: np.ndarray  # in the ISR the leader acts on (`_view`)
+
+
+class Durability(NamedTuple):
+    """Per replica, what a power loss keeps (SPEC §3.1): `flushed_all` and the buckets of writes not yet surely on
+    disk, (durable_at_us, length) for the first durable_n of each row."""
+
+    flushed_all: np.ndarray
+    durable_at_us: np.ndarray
+    durable_len: np.ndarray
+    durable_n: np.ndarray
+
+
+class LeaderLog(NamedTuple):
+    """The leader's log (runs of (epoch, start, end), append times, cumulative sizes) and the serving broker's
+    epoch's appends (append times, sizes)."""
+
+    runs: np.ndarray
+    append_us: np.ndarray
+    cum_size: np.ndarray
+    epoch_append_us: np.ndarray
+    epoch_size: np.ndarray
+
+
+class Pending(NamedTuple):
+    """The pending messages' columns (the reference's `Msg` fields), one row per message (`common.PENDING_COLS`)."""
+
+    msg_id: np.ndarray
+    produce_us: np.ndarray
+    size: np.ndarray
+    deadline_us: np.ndarray
+    state: np.ndarray  # MsgState
+    error: np.ndarray
+    refused_us: np.ndarray  # its last NotEnoughReplicas answer, from which its retry is due
+    refusals: np.ndarray
+    epoch: np.ndarray  # its latest position (epoch, offset), or NONE
+    offset: np.ndarray
+    request_us: np.ndarray
+    ack_us: np.ndarray
+    visible_us: np.ndarray
+    pid: np.ndarray  # carried untouched to the outputs
+    part: np.ndarray
+    keyid: np.ndarray
+
+
+class StreamCols(NamedTuple):
+    """The chunk's stream (`stream.merge_stream`: key, and src pointing into the reports' or the produce events'
+    columns) and the scheduled NotEnoughReplicas retries (key, pending row)."""
+
+    key: np.ndarray
+    src: np.ndarray
+    report_replica: np.ndarray
+    report_upto: np.ndarray
+    produce_msg_id: np.ndarray
+    produce_size: np.ndarray
+    produce_pid: np.ndarray
+    produce_part: np.ndarray
+    produce_keyid: np.ndarray
+    retry_key: np.ndarray
+    retry_row: np.ndarray
+
+
+class Outputs(NamedTuple):
+    """`steady`'s output buffers (counts in `CARRIED`) and its scratch map from offset to pending row."""
+
+    rows: np.ndarray  # timeline rows (`arrays.timeline_row`: t, log end, high watermark, window end)
+    unavailable: np.ndarray  # unavailability intervals (from, to)
+    extra: np.ndarray  # earlier copies of messages appended again (msg, epoch, offset)
+    hw_moves: np.ndarray  # high watermark moves (t, value)
+    offset_row: np.ndarray  # offset - offset_base -> pending row, for the leader's log from the high watermark up
+
+
+#: Columns of the `Outputs` buffers but `offset_row`.
 OUTPUT_WIDTHS = (4, 2, 3, 2)
 
+#: The scalars `steady` carries from one stretch to the next and its running counts, one record (`carried[0]`).
+CARRIED = np.dtype([
+    ("hw", np.int64), ("zombie_hw", np.int64), ("zombie_stall_us", np.int64), ("cur_t", np.int64),
+    ("replication_bytes", np.int64), ("lead_n", np.int64), ("cum_n", np.int64), ("epoch_n", np.int64),
+    ("pend_n", np.int64), ("stream_pos", np.int64), ("retry_pos", np.int64), ("tick_key", np.int64),
+    ("appended", np.int64),  # appends of the stretch (the serving broker's log grew by that many)
+    ("expand", np.int64),  # the replica whose report may expand the ISR (rule 7), or NONE
+    ("n_rows", np.int64), ("n_unavailable", np.int64), ("n_extra", np.int64), ("n_hw_moves", np.int64),
+    ("closed", np.int64), ("prev_leo", np.int64), ("prev_hw", np.int64),  # instants closed, the last row's values
+    ("offset_base", np.int64),  # the offset of Outputs.offset_row[0]
+])
 
+
+# ================================================================================ the message state machine
 @compiled(inline=True)
-def durable_at(t, flush, period, expire):
+def transition(state, r, new):
+    """Pending row r enters state `new`: the one place the kernel's compiled code checks a message's transition
+    against `VALID_PREVIOUS_STATES` (replay/kafka/reference/state.py, as the reference's `_set_state`)."""
+    if not _LEGAL[new - _NEW, state[r] - _NEW]:
+        raise IllegalTransition("a message state transition VALID_PREVIOUS_STATES does not allow")
+    state[r] = new
+
+
+# ============================================================================= durability (SPEC §3.1)
+@compiled(inline=True)
+def durable_at(t, flush):
     """When an entry written at t is on disk (as `KafkaReference._durable_at`)."""
-    if flush == _SYNC:
+    if flush.mode == _SYNC:
         return t
-    if flush == _OS:
-        return -(-(t + expire) // period) * period
-    return -(-t // period) * period
+    if flush.mode == _OS:
+        return -(-(t + flush.expire_us) // flush.period_us) * flush.period_us
+    return -(-t // flush.period_us) * flush.period_us
 
 
 @compiled(inline=True)
-def wrote(i, t, length, flushed_all, dur_d, dur_len, dur_n, flush, period, expire):
+def wrote(i, t, length, dur, flush):
     """Replica i's log reached `length` at time t: keep it per durability bucket for a power loss (SPEC §3.1)."""
-    if flush == _SYNC:
-        flushed_all[i] = max(flushed_all[i], length)
+    if flush.mode == _SYNC:
+        dur.flushed_all[i] = max(dur.flushed_all[i], length)
         return
-    n = dur_n[i]
+    d_at, d_len = dur.durable_at_us, dur.durable_len
+    n = dur.durable_n[i]
     # the last bucket, if t falls in it (most writes): its flush tick is the first at or after t (+ expiry)
-    if n > 0 and dur_d[i, n - 1] - period < t + (expire if flush == _OS else 0) <= dur_d[i, n - 1]:
-        dur_len[i, n - 1] = max(dur_len[i, n - 1], length)
+    last = d_at[i, n - 1] if n > 0 else 0
+    if n > 0 and last - flush.period_us < t + (flush.expire_us if flush.mode == _OS else 0) <= last:
+        d_len[i, n - 1] = max(d_len[i, n - 1], length)
         return
-    d = durable_at(t, flush, period, expire)
-    if n == dur_d.shape[1]:  # fold the buckets surely on disk by now: a later power loss keeps them
+    d = durable_at(t, flush)
+    if n == d_at.shape[1]:  # fold the buckets surely on disk by now: a later power loss keeps them
         k = 0
         for j in range(n):
-            if dur_d[i, j] < t:
-                flushed_all[i] = max(flushed_all[i], dur_len[i, j])
+            if d_at[i, j] < t:
+                dur.flushed_all[i] = max(dur.flushed_all[i], d_len[i, j])
             else:
-                dur_d[i, k], dur_len[i, k] = dur_d[i, j], dur_len[i, j]
+                d_at[i, k], d_len[i, k] = d_at[i, j], d_len[i, j]
                 k += 1
         n = k
-    dur_d[i, n], dur_len[i, n] = d, length
-    dur_n[i] = n + 1
+    d_at[i, n], d_len[i, n] = d, length
+    dur.durable_n[i] = n + 1
 
 
+# ================================================================================== rule 6: ISR check ticks
 @compiled(counted=False)
-def tick_idle(t, lag, l_ok, hw_moves, li, hw, serving_hw, acks, srv_ok, refusing, in_isr, in_view, log_len, fetched,
-              lcu, state, dead, req, po, pend_n):
-    """Whether the ISR check tick at t would change nothing: `KafkaControl._on_tick` (rule 6, then rule 4's
+def tick_idle(t, s, hw, serving_hw, rep, msgs, pend_n):
+    """Whether the ISR check tick at t would change nothing: `KafkaReference._on_isr_check` (rule 6, then rule 4's
     recomputation and its acknowledgements) and what every control point does around it (`_resolve_deadlines`,
     `_reschedule_pool`). Errs on the side of False: the tick then runs in Python, as any control point."""
-    if l_ok:  # the tick only checks the ISR under an eligible leader
-        leo = log_len[li]
-        cand = leo
-        for b in range(len(log_len)):
+    li = s.leader
+    if s.leader_eligible:  # the tick only checks the ISR under an eligible leader
+        leo = rep.log_len[li]
+        candidate = leo
+        for b in range(len(rep.log_len)):
             if b == li:
                 continue
-            if in_isr[b] and t - lcu[b] > lag and fetched[b] < leo:
+            if rep.in_isr[b] and t - rep.lcu[b] > s.replica_lag_us and rep.fetched[b] < leo:
                 return False  # rule 6: b leaves the ISR
-            if in_view[b]:
-                cand = min(cand, fetched[b])
-        if hw_moves and in_view[li] and cand > hw:
+            if rep.in_view[b]:
+                candidate = min(candidate, rep.fetched[b])
+        if s.hw_moves and rep.in_view[li] and candidate > hw:
             return False  # rule 4: the high watermark would move
+    acks = s.acks
     for r in range(pend_n):
-        s = state[r]
-        if s > _APPENDED:
+        st = msgs.state[r]
+        if st > _APPENDED:
             continue
-        if acks != _ZERO and dead[r] < t:
+        if acks != _ZERO and msgs.deadline_us[r] < t:
             return False  # a delivery deadline passed: the message fails
-        if s == _REFUSED and acks == _ALL and not (srv_ok and refusing):
+        if st == _REFUSED and acks == _ALL and not (s.serving_ok and s.refusing):
             return False  # a NotEnoughReplicas retry may be due (rule 3)
-        if s == _APPENDED and srv_ok and acks != _ZERO and req[r] <= t and (acks == _ONE or po[r] < serving_hw):
+        if (st == _APPENDED and s.serving_ok and acks != _ZERO and msgs.request_us[r] <= t
+                and (acks == _ONE or msgs.offset[r] < serving_hw)):
             return False  # an acknowledgement may be due (rule 12)
     return True
 
 
+# ============================================================================ one helper per reference rule
+@compiled(inline=True)
+def _end_instant(t, c, s, rep, lead, avail, out):
+    """Close the instant c.cur_t, t being the next (`KafkaReference._end_instant`): its timeline row and its
+    availability (stalled if the oldest entry waiting for the high watermark is older than request_timeout)."""
+    li = s.leader
+    leo = rep.log_len[li] if li >= 0 else 0
+    hw = c.hw
+    c.n_rows = timeline_row(out.rows, c.n_rows, c.closed, c.cur_t, leo, hw, c.prev_leo, c.prev_hw, s.window_us,
+                            s.series)
+    c.prev_leo, c.prev_hw = leo, hw
+    c.closed += 1
+    stall = INF
+    if not s.blocked and s.acks == _ALL:
+        if s.serving_is_leader:
+            if hw < rep.log_len[li]:
+                stall = lead.append_us[hw] + s.request_timeout_us  # the oldest entry waiting for the high watermark
+        elif c.zombie_hw < rep.log_len[s.serving]:
+            stall = c.zombie_stall_us
+    c.n_unavailable = close_instant(avail, 0, c.cur_t, s.blocked, stall, out.unavailable, c.n_unavailable)
+    c.cur_t = t
+
+
+@compiled(inline=True)
+def _replicate(t, b, upto, c, s, rep, dur, lead):
+    """Rule 5: replica b reports it fetched the leader's entries appended by `upto` (`KafkaReference._replicate`).
+    Marks b for the ISR expansion check (rule 7) if it is out of the ISR. Returns whether the report counts."""
+    if not s.leader_eligible or b < 0 or not rep.follower_ok[b]:
+        return False  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
+    li = s.leader
+    leo = rep.log_len[li]
+    old = rep.log_len[b]
+    # The count of the leader's entries appended by upto, if above the follower's log end (a report never
+    # shrinks a follower's log): append times never decrease in a log, so a scan from the log end finds it in
+    # time proportional to the entries it copies.
+    new_len = old
+    while new_len < min(leo, c.lead_n) and lead.append_us[new_len] <= upto:
+        new_len += 1
+    if new_len > old:
+        c.replication_bytes += lead.cum_size[new_len] - lead.cum_size[old]
+        wrote(b, t, new_len, dur, s.flush)
+    rep.log_len[b] = new_len
+    rep.fetched[b] = new_len
+    rep.lcu[b] = max(rep.lcu[b], t if new_len == leo else upto)
+    if not rep.in_isr[b]:
+        c.expand = b  # checked against the high watermark after `_recompute_hw`
+    return True
+
+
+@compiled(inline=True)
+def _produce(t, j, c, s, stream, msgs):
+    """A new message from produce event j (`KafkaReference._produce`); returns its pending row. Every column of
+    the new row is written: its slots are unset (`arrays._grown`) or stale (a compaction, `records.hand_over`)."""
+    r = c.pend_n
+    c.pend_n += 1
+    msgs.msg_id[r], msgs.produce_us[r], msgs.size[r] = stream.produce_msg_id[j], t, stream.produce_size[j]
+    msgs.deadline_us[r], msgs.state[r], msgs.error[r] = t + s.delivery_timeout_us, _NEW, _NO_ERROR
+    msgs.refused_us[r], msgs.refusals[r], msgs.epoch[r], msgs.offset[r] = t, 0, NONE, NONE
+    msgs.request_us[r], msgs.ack_us[r], msgs.visible_us[r] = INF, NULL_US, NULL_US
+    msgs.pid[r], msgs.part[r], msgs.keyid[r] = stream.produce_pid[j], stream.produce_part[j], stream.produce_keyid[j]
+    return r
+
+
+@compiled(inline=True)
+def _append(t, r, c, s, msgs, rep, dur, lead, out):
+    """Message r joins the serving broker's log (`KafkaReference._append`, with `_zombie_hw` for a zombie)."""
+    si = s.serving
+    off = rep.log_len[si]
+    if msgs.epoch[r] >= 0:  # appended again: the earlier copy may survive, it is judged too
+        n = c.n_extra
+        out.extra[n, 0], out.extra[n, 1], out.extra[n, 2] = msgs.msg_id[r], msgs.epoch[r], msgs.offset[r]
+        c.n_extra = n + 1
+    msgs.epoch[r], msgs.offset[r] = s.epoch, off
+    lead.epoch_append_us[c.epoch_n], lead.epoch_size[c.epoch_n] = t, msgs.size[r]
+    c.epoch_n += 1
+    c.appended += 1
+    rep.log_len[si] = off + 1
+    wrote(si, t, off + 1, dur, s.flush)
+    if s.serving_is_leader:
+        lead.append_us[c.lead_n] = t
+        c.lead_n += 1
+        lead.cum_size[c.cum_n] = lead.cum_size[c.cum_n - 1] + msgs.size[r]
+        c.cum_n += 1
+        out.offset_row[off - c.offset_base] = r
+    if s.acks != _ZERO:
+        transition(msgs.state, r, _APPENDED)
+        msgs.request_us[r] = t
+        if s.acks == _ONE:
+            transition(msgs.state, r, _ACKED)
+            msgs.ack_us[r] = t
+    if s.zombie:
+        if s.zombie_alone:  # a zombie whose ISR was itself alone commits on its own (rule 10)
+            c.zombie_hw = off + 1
+            if msgs.visible_us[r] == NULL_US:
+                msgs.visible_us[r] = t
+            if s.acks == _ALL:
+                transition(msgs.state, r, _ACKED)
+                msgs.ack_us[r] = t
+        elif off == c.zombie_hw:
+            c.zombie_stall_us = t + s.request_timeout_us
+
+
+@compiled(inline=True)
+def _attempt(t, r, c, s, msgs, rep, dur, lead, out):
+    """Rules 3-4: a new message or a NotEnoughReplicas retry is sent to the serving broker
+    (`KafkaReference._attempt`; acks=0 is acknowledged as it leaves and never refused, `_produce`)."""
+    if s.acks == _ZERO:
+        transition(msgs.state, r, _ACKED)  # counted as sent when it leaves (rule 4)
+        msgs.ack_us[r] = t
+    elif not s.serving_ok:
+        transition(msgs.state, r, _WAITING)
+    elif s.refusing:
+        transition(msgs.state, r, _REFUSED)
+        msgs.refused_us[r] = t
+        msgs.refusals[r] += 1
+    if s.serving_ok and (not s.refusing or s.acks == _ZERO):
+        _append(t, r, c, s, msgs, rep, dur, lead, out)
+
+
+@compiled(inline=True)
+def _recompute_hw(t, c, s, rep, msgs, out):
+    """Rule 4: high watermark = min log end over the ISR (`KafkaReference._recompute_hw`), with what it makes
+    visible (rule 12, `_mark_visible`) and the acks=all requests the leader then acknowledges (`_ack_committed`)."""
+    li = s.leader
+    candidate = rep.log_len[li]
+    for b in range(len(rep.log_len)):
+        if rep.in_view[b] and b != li:
+            candidate = min(candidate, rep.fetched[b])
+    hw = c.hw
+    if candidate <= hw:
+        return
+    for o in range(hw, candidate):
+        r = out.offset_row[o - c.offset_base]
+        if r < 0:
+            continue
+        if msgs.visible_us[r] == NULL_US:
+            msgs.visible_us[r] = t
+        if s.serving_is_leader and s.acks == _ALL:
+            ack_t = max(t, msgs.request_us[r])
+            if msgs.state[r] == _APPENDED and ack_t <= msgs.deadline_us[r]:
+                transition(msgs.state, r, _ACKED)
+                msgs.ack_us[r] = ack_t
+    n = c.n_hw_moves
+    out.hw_moves[n, 0], out.hw_moves[n, 1] = t, candidate
+    c.n_hw_moves = n + 1
+    c.hw = candidate
+
+
+# ================================================================================= the steady loop
 @compiled(counted=False)
-def steady(sc, cf, s_key, s_src, b_rep, b_upto, p_msg, p_size, p_pid, p_part, p_keyid, sched_key, sched_row,
-           msg, prod, size, dead, state, err, anchor, nref, pe, po, req, ack, vis, pid, part, keyid,
-           log_len, fetched, lcu, flushed_all, dur_d, dur_len, dur_n, ok_rep, in_isr, in_view, lead_runs,
-           lead_app, lead_cum, ep_app, ep_size, row_out, unav_out, extra_out, hw_out, orow):
+def steady(carried, avail, s, stream, msgs, rep, dur, lead, out):
     """Apply the due stream events of one steady stretch (see the module docstring). Returns nothing: the
-    carried scalars are in `sc`, outputs in the *_out buffers with their counts in `sc`. The stream is (s_key,
-    s_src) of `stream.merge_stream`: s_src points into the reports' (b_) or the produce events' (p_) columns.
-    `orow` is scratch of at least one slot per entry of the leader's log from the high watermark up, per due event,
-    plus one."""
-    hw, zhw, zstall, cur_t = sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T]
-    lead_n, cum_n, ep_n, pend_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N]
-    i_s, i_r = sc[S_POS], sc[S_SCHED_POS]
-    s_hi, r_hi = cf[F_S_HI], cf[F_SCHED_HI]
-    li, si = cf[F_LI], cf[F_SI]
-    srv_leader, srv_ok, refusing, acks = cf[F_SRV_LEADER] == 1, cf[F_SRV_OK] == 1, cf[F_REFUSING] == 1, cf[F_ACKS]
-    l_ok, hw_moves, epoch, epoch_start = cf[F_L_OK] == 1, cf[F_HW_MOVES] == 1, cf[F_EPOCH], cf[F_EPOCH_START]
-    delivery, timeout, window = cf[F_DELIVERY], cf[F_TIMEOUT], cf[F_WINDOW]
-    zombie, zombie_alone, blocked, series = cf[F_ZOMBIE] == 1, cf[F_ZOMBIE_ALONE] == 1, cf[F_BLOCKED] == 1, \
-        cf[F_SERIES] == 1
-    flush, period, expire = cf[F_FLUSH], cf[F_PERIOD], cf[F_EXPIRE]
-    limit, lag, tick_period, duration = cf[F_LIMIT], cf[F_LAG], cf[F_TICK_PERIOD], cf[F_DURATION]
-    compact_at = cf[F_COMPACT_AT]
-    tick = sc[S_TICK]
-    n_rep = log_len.shape[0]
-    appends = 0  # acks=0 is never refused (rule 3 is for acks=all): every arrival is appended when served
-    takes = srv_ok and (not refusing or acks == _ZERO)
+    carried scalars are in `carried[0]` (`CARRIED`), the open instant's availability in `avail`, outputs in the
+    `Outputs` buffers with their counts in `carried[0]`. `out.offset_row` is scratch of at least one slot per
+    entry of the leader's log from the high watermark up, per due event, plus one."""
+    c = carried[0]
+    li = s.leader
+    c.appended = 0
+    c.expand = NONE
+    c.n_rows, c.n_unavailable, c.n_extra, c.n_hw_moves = 0, 0, 0, 0
+    c.closed, c.prev_leo, c.prev_hw = 0, NONE, NONE
     # offset -> pending row, for the leader's log from the high watermark up (rules 4, 12)
-    base = min(hw, log_len[li]) if li >= 0 else 0  # a leader may hold less than the high watermark (rule 9)
-    room = (log_len[li] - base if li >= 0 else 0) + (s_hi - i_s) + (r_hi - i_r) + 1
+    base = min(c.hw, rep.log_len[li]) if li >= 0 else 0  # a leader may hold less than the high watermark (rule 9)
+    c.offset_base = base
+    room = ((rep.log_len[li] - base if li >= 0 else 0) + (s.stream_end - c.stream_pos) + (s.retry_end - c.retry_pos)
+            + 1)
+    orow = out.offset_row
     if len(orow) < room:
-        raise ValueError("steady: orow holds fewer slots than the leader's unsettled log and the due events")
-    orow[:room] = -1
+        raise ValueError("steady: offset_row holds fewer slots than the leader's unsettled log and the due events")
+    orow[:room] = NONE
     if li >= 0:
-        for r in range(pend_n):
-            o = po[r]
-            if pe[r] >= 0 and hw <= o < log_len[li] and in_runs(lead_runs, pe[r], o):
+        for r in range(c.pend_n):
+            o = msgs.offset[r]
+            if msgs.epoch[r] >= 0 and c.hw <= o < rep.log_len[li] and in_runs(lead.runs, msgs.epoch[r], o):
                 orow[o - base] = r
-    n_rows, n_unav, n_extra, n_hw = 0, 0, 0, 0
-    closed = 0
-    prev_leo, prev_hw = -1, -1
-    expand = -1
     while True:
-        kt = s_key[i_s] if i_s < s_hi else INF
-        kr = sched_key[i_r] if i_r < r_hi else INF
-        kc = tick if tick < limit else INF  # the next ISR check tick, if before the end of the stretch
+        i_s, i_r = c.stream_pos, c.retry_pos
+        kt = stream.key[i_s] if i_s < s.stream_end else INF
+        kr = stream.retry_key[i_r] if i_r < s.retry_end else INF
+        kc = c.tick_key if c.tick_key < s.limit_key else INF  # the next ISR check tick, if before the stretch's end
         if kt == INF and kr == INF and kc == INF:
             break
         at_tick = kc < kt and kc < kr
-        if at_tick and (pend_n >= compact_at or not tick_idle(
-                kc // 16, lag, l_ok, hw_moves, li, hw, zhw if zombie else hw, acks, srv_ok, refusing, in_isr, in_view,
-                log_len, fetched, lcu, state, dead, req, po, pend_n)):
+        if at_tick and (c.pend_n >= s.compact_at or not tick_idle(
+                kc // CODES_PER_INSTANT, s, c.hw, c.zombie_hw if s.zombie else c.hw, rep, msgs, c.pend_n)):
             break  # a control point, its handler in Python (or the pending table to compact, which bounds scans)
         trace = not at_tick and kt <= kr  # trace events first on equal keys
-        arrival = True
-        t = (kc if at_tick else kt if trace else kr) // 16
-        if t > cur_t:  # ------------------------------------------ close the instant cur_t (its end state)
-            leo_c = log_len[li] if li >= 0 else 0
-            n_rows = timeline_row(row_out, n_rows, closed, cur_t, leo_c, hw, prev_leo, prev_hw, window, series)
-            prev_leo, prev_hw = leo_c, hw
-            closed += 1
-            stall = INF
-            if not blocked and acks == _ALL:
-                if srv_leader:
-                    if hw < log_len[li]:
-                        stall = lead_app[hw] + timeout  # the oldest entry waiting for the high watermark
-                elif zhw < log_len[si]:
-                    stall = zstall
-            n_unav = close_instant(sc, S_AV_HAS, cur_t, blocked, stall, unav_out, n_unav)
-            cur_t = t
-        if at_tick:  # ------------------------------- rule 6: an idle ISR check tick; the next one is due
-            tick = kc + tick_period * 16 if t + tick_period <= duration else INF
+        t = (kc if at_tick else kt if trace else kr) // CODES_PER_INSTANT
+        if t > c.cur_t:
+            _end_instant(t, c, s, rep, lead, avail, out)
+        if at_tick:  # rule 6: an idle ISR check tick; the next one is due
+            c.tick_key = kc + s.tick_period_us * CODES_PER_INSTANT if t + s.tick_period_us <= s.duration_us else INF
             continue
         if trace:
-            j = s_src[i_s]
-            i_s += 1
-            if j < 0:  # ------------------------------------------------------------------ rule 5: a report
+            j = stream.src[i_s]
+            c.stream_pos = i_s + 1
+            if j < 0:  # rule 5: a report
                 j = -1 - j
-                b = b_rep[j]
-                if not l_ok or b < 0 or not ok_rep[b]:
-                    continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
-                leo = log_len[li]
-                old = log_len[b]
-                # The count of the leader's entries appended by upto, if above the follower's log end (a report
-                # never shrinks a follower's log): append times never decrease in a log, so a scan from the log
-                # end finds it in time proportional to the entries it copies.
-                new_len = old
-                while new_len < min(leo, lead_n) and lead_app[new_len] <= b_upto[j]:
-                    new_len += 1
-                if new_len > old:
-                    sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
-                    wrote(b, t, new_len, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
-                log_len[b] = new_len
-                fetched[b] = new_len
-                lcu[b] = max(lcu[b], t if new_len == leo else b_upto[j])
-                arrival = False
-                if not in_isr[b]:
-                    expand = b  # checked against the high watermark below
-            else:  # -------------------------------------------------------- rules 3-4: a new message
-                r = pend_n
-                pend_n += 1
-                # Every column of the new row is written: its slots are unset (`arrays._grown`) or stale (a
-                # compaction, `records.hand_over`)
-                msg[r], prod[r], size[r], dead[r] = p_msg[j], t, p_size[j], t + delivery
-                state[r], err[r], anchor[r], nref[r], pe[r], po[r] = _WAITING, _NO_ERROR, t, 0, -1, -1
-                req[r], ack[r], vis[r] = INF, NULL_US, NULL_US
-                pid[r], part[r], keyid[r] = p_pid[j], p_part[j], p_keyid[j]
-        else:  # --------------------------------------------------------- a NotEnoughReplicas retry (rule 3)
-            r = sched_row[i_r]
-            i_r += 1
-        if arrival:  # ------------------------------------------------------------ an attempt (rules 3-4)
-            if acks == _ZERO:
-                state[r], ack[r] = _ACKED, t  # counted as sent when it leaves (rule 4)
-            elif not srv_ok:
-                state[r] = _WAITING
-            elif refusing:
-                state[r], anchor[r] = _REFUSED, t
-                nref[r] += 1
-            if takes:
-                off = log_len[si]
-                if pe[r] >= 0:  # appended again: the earlier copy may survive, it is judged too
-                    extra_out[n_extra, 0], extra_out[n_extra, 1], extra_out[n_extra, 2] = msg[r], pe[r], po[r]
-                    n_extra += 1
-                pe[r], po[r] = epoch, off
-                ep_app[ep_n], ep_size[ep_n] = t, size[r]
-                ep_n += 1
-                appends += 1
-                log_len[si] = off + 1
-                wrote(si, t, off + 1, flushed_all, dur_d, dur_len, dur_n, flush, period, expire)
-                if srv_leader:
-                    lead_app[lead_n] = t
-                    lead_n += 1
-                    lead_cum[cum_n] = lead_cum[cum_n - 1] + size[r]
-                    cum_n += 1
-                    orow[off - base] = r
-                if acks != _ZERO:
-                    state[r], req[r] = _APPENDED, t
-                    if acks == _ONE:
-                        state[r], ack[r] = _ACKED, t
-                if zombie:
-                    if zombie_alone:  # a zombie whose ISR was itself alone commits on its own (rule 10)
-                        zhw = off + 1
-                        if vis[r] == NULL_US:
-                            vis[r] = t
-                        if acks == _ALL:
-                            state[r], ack[r] = _ACKED, t
-                    elif off == zhw:
-                        zstall = t + timeout
-        if hw_moves:  # ------------------------------------ rule 4: high watermark = min log end over the ISR
-            cand = log_len[li]
-            for b in range(n_rep):
-                if in_view[b] and b != li:
-                    cand = min(cand, fetched[b])
-            if cand > hw:
-                for o in range(hw, cand):  # rule 12 visibility; acks=all requests held by the leader
-                    r = orow[o - base]
-                    if r < 0:
-                        continue
-                    if vis[r] == NULL_US:
-                        vis[r] = t
-                    if srv_leader and acks == _ALL:
-                        ack_t = max(t, req[r])
-                        if state[r] == _APPENDED and ack_t <= dead[r]:
-                            state[r], ack[r] = _ACKED, ack_t
-                hw_out[n_hw, 0], hw_out[n_hw, 1] = t, cand
-                n_hw += 1
-                hw = cand
-        if expand >= 0:
+                if not _replicate(t, stream.report_replica[j], stream.report_upto[j], c, s, rep, dur, lead):
+                    continue
+            else:  # rules 3-4: a new message
+                _attempt(t, _produce(t, j, c, s, stream, msgs), c, s, msgs, rep, dur, lead, out)
+        else:  # a NotEnoughReplicas retry (rule 3)
+            c.retry_pos = i_r + 1
+            _attempt(t, stream.retry_row[i_r], c, s, msgs, rep, dur, lead, out)
+        if s.hw_moves:
+            _recompute_hw(t, c, s, rep, msgs, out)
+        if c.expand >= 0:
             # Rule 7 with SPEC §3.7 K-5: rejoin once the log end reaches the high watermark and the epoch start.
-            if log_len[expand] >= hw and log_len[expand] >= epoch_start:
+            b = c.expand
+            if rep.log_len[b] >= c.hw and rep.log_len[b] >= s.epoch_start:
                 break
-            expand = -1
-    sc[S_HW], sc[S_ZHW], sc[S_ZSTALL], sc[S_CUR_T] = hw, zhw, zstall, cur_t
-    sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N], sc[S_PEND_N] = lead_n, cum_n, ep_n, pend_n
-    sc[S_POS], sc[S_SCHED_POS], sc[S_APPENDED], sc[S_EXPAND] = i_s, i_r, appends, expand
-    sc[S_NROWS], sc[S_NUNAV], sc[S_NEXTRA], sc[S_NHW], sc[S_TICK] = n_rows, n_unav, n_extra, n_hw, tick
+            c.expand = NONE

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.kafka.kernels.steady import C_PRODUCE, C_REPLICATE, INF, MsgState
+from replay.kafka.kernels.steady import C_PRODUCE, C_REPLICATE, CODES_PER_INSTANT, INF, MsgState
 from replay.shared.kernels.arrays import compiled
 
 _APPENDED = int(MsgState.APPENDED)  # numba reads module globals as compile-time constants
@@ -14,11 +14,11 @@ _APPENDED = int(MsgState.APPENDED)  # numba reads module globals as compile-time
 @compiled
 def merge_stream(b_ts, b_kind, b_rep, p_ts):
     """The chunk's stream events in SPEC §2.2 order: the reports of the partition's replicas (`b_rep` >= 0) and the
-    produce events, both already sorted by time (`PartitionEvents`), merged. Returns (key, src): key = ts·16 +
-    kind, and where each event's columns are: src = j for produce event j, src = -1 - i for broker event i. The
-    compiled loop reads the events' columns where they are: a merged copy of all nine columns was seven more
-    fresh arrays per chunk (this merge 0.02 CPU-s per preset on the steady trace, that one 0.03, the loop about
-    even). A sentinel key INF ends the arrays."""
+    produce events, both already sorted by time (`PartitionEvents`), merged. Returns (key, src): key =
+    ts·CODES_PER_INSTANT + kind, and where each event's columns are: src = j for produce event j, src = -1 - i for
+    broker event i. The compiled loop reads the events' columns where they are: a merged copy of all nine columns
+    was seven more fresh arrays per chunk (this merge 0.02 CPU-s per preset on the steady trace, that one 0.03,
+    the loop about even). A sentinel key INF ends the arrays."""
     nr = 0
     for j in range(len(b_ts)):
         if b_kind[j] == C_REPLICATE and b_rep[j] >= 0:
@@ -29,8 +29,8 @@ def merge_stream(b_ts, b_kind, b_rep, p_ts):
     for o in range(n):
         while i < len(b_ts) and not (b_kind[i] == C_REPLICATE and b_rep[i] >= 0):
             i += 1
-        kb = b_ts[i] * 16 + C_REPLICATE if i < len(b_ts) else INF
-        kp = p_ts[k] * 16 + C_PRODUCE if k < len(p_ts) else INF
+        kb = b_ts[i] * CODES_PER_INSTANT + C_REPLICATE if i < len(b_ts) else INF
+        kp = p_ts[k] * CODES_PER_INSTANT + C_PRODUCE if k < len(p_ts) else INF
         if kb < kp:  # a replica's report
             key[o], src[o] = kb, -1 - i
             i += 1

@@ -6,10 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.kafka.kernels import steady
-from replay.kafka.kernels.common import (
-    COMPACT_AT,
-)
-from replay.kafka.kernels.steady import INF, AckCode
+from replay.kafka.kernels.common import COMPACT_AT, PENDING_COLS
+from replay.kafka.kernels.steady import CODES_PER_INSTANT, INF, AckCode
 from replay.policies import Acks
 from replay.results import (
     StateRow,
@@ -41,7 +39,7 @@ class KafkaStretches:
         Returns whether it stopped at an ISR check tick that is not idle."""
         ticks = 0  # at most one closed instant per event and per tick
         if self.tick_key < limit_key:
-            ticks = (limit_key // 16 - self.tick_key // 16) // self.tick_period_us + 1
+            ticks = (limit_key // CODES_PER_INSTANT - self.tick_key // CODES_PER_INSTANT) // self.tick_period_us + 1
         due = hi - self.s_pos + shi
         arrivals = int(np.count_nonzero(self.s_src[self.s_pos: hi] >= 0)) + shi  # new rows and appends, at most
         ldr, srv = self.leader, self._serving()
@@ -62,56 +60,63 @@ class KafkaStretches:
                 reserve(ep_size, self.room)
         else:
             ep_start, ep_app, ep_size = 0, Grow(), Grow()
-        cf = np.array([
-            hi, shi, li, si, int(srv >= 0 and srv == ldr), int(srv >= 0), int(refusing), int(acks),
-            int(ldr >= 0 and self._eligible(ldr)), int(l_up and not self.unaware and not self._frozen(len(view))),
-            epoch, self.epoch_start, self.p.delivery_timeout_ms * MS, self.p.request_timeout_ms * MS, self.window_us,
-            int(zombie), int(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
-            int(srv < 0 or refusing), int(l_up), *self.flush, limit_key, self.p.replica_lag_time_max_ms * MS,
-            self.tick_period_us, self.duration_us, COMPACT_AT], dtype=np.int64)
-        av = self.timeline.av_prev or (0, False, INF)
-        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
-        sc[[steady.S_HW, steady.S_ZHW, steady.S_ZSTALL, steady.S_CUR_T, steady.S_AV_HAS, steady.S_AV_T,
-            steady.S_AV_BLOCKED, steady.S_AV_STALL, steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_PEND_N,
-            steady.S_POS, steady.S_TICK]] = [
-            self.hw, self.zombie["hw"] if zombie else 0, self._avail()[1] if zombie else INF, self.cur_t,
-            int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2], self.lead_app.n, self.lead_cum.n,
-            ep_app.n, self.pend.n, self.s_pos, self.tick_key]
+        s = steady.Stretch(
+            stream_end=hi, retry_end=shi, leader=li, serving=si, serving_is_leader=bool(srv >= 0 and srv == ldr),
+            serving_ok=srv >= 0, refusing=bool(refusing), acks=int(acks),
+            leader_eligible=bool(ldr >= 0 and self._eligible(ldr)),
+            hw_moves=bool(l_up and not self.unaware and not self._frozen(len(view))), epoch=int(epoch),
+            epoch_start=int(self.epoch_start), delivery_timeout_us=self.p.delivery_timeout_ms * MS,
+            request_timeout_us=self.p.request_timeout_ms * MS, window_us=self.window_us, zombie=bool(zombie),
+            zombie_alone=bool(zombie and self.zombie["view"] == (srv,) and not self._frozen(1)),
+            blocked=bool(srv < 0 or refusing), series=bool(l_up), flush=self.flush, limit_key=limit_key,
+            replica_lag_us=self.p.replica_lag_time_max_ms * MS, tick_period_us=self.tick_period_us,
+            duration_us=self.duration_us, compact_at=COMPACT_AT)
+        carried = np.zeros(1, dtype=steady.CARRIED)
+        c = carried[0]
+        c["hw"], c["zombie_hw"], c["zombie_stall_us"] = self.hw, self.zombie["hw"] if zombie else 0, \
+            self._avail()[1] if zombie else INF
+        c["cur_t"], c["lead_n"], c["cum_n"], c["epoch_n"] = self.cur_t, self.lead_app.n, self.lead_cum.n, ep_app.n
+        c["pend_n"], c["stream_pos"], c["tick_key"] = self.pend.n, self.s_pos, self.tick_key
+        av = self.timeline.av_prev
+        avail = np.array([0, 0, 0, INF] if av is None else [1, av[0], int(av[1]), av[2]], dtype=np.int64)
         reserve_rows(self.pend, arrivals)
-        c = self.pend.cols
-        in_view = np.array([b in view for b in self.order], dtype=bool)
-        in_isr = np.array([b in self.isr for b in self.order], dtype=bool)
-        ok_rep = np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool)
-        lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        cols = self.pend.cols
+        msgs = steady.Pending(*(cols[name] for name in PENDING_COLS))
+        replicas = steady.Replicas(
+            log_len=self.log_len, fetched=self.fetched, lcu=self.lcu,
+            follower_ok=np.array([b != ldr and self._eligible(b) for b in self.order], dtype=bool),
+            in_isr=np.array([b in self.isr for b in self.order], dtype=bool),
+            in_view=np.array([b in view for b in self.order], dtype=bool))
+        lead = steady.LeaderLog(
+            runs=runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64),
+            append_us=reserve(self.lead_app, arrivals), cum_size=reserve(self.lead_cum, arrivals),
+            epoch_append_us=reserve(ep_app, arrivals), epoch_size=reserve(ep_size, arrivals))
         if len(self.scratch[0]) <= due + ticks:  # output buffers, kept across stretches
             cap = max(2 * len(self.scratch[0]), due + ticks + 1)
             self.scratch = tuple(np.empty((cap, w), dtype=np.int64) for w in steady.OUTPUT_WIDTHS)
         rows, unav, extra, hw_ch = self.scratch
         unsettled = int(self.log_len[li]) - min(self.hw, int(self.log_len[li])) if li >= 0 else 0
-        orow = reserve(self.orow, unsettled + due + 1)  # offset -> pending row, scratch of the loop
+        out = steady.Outputs(rows, unav, extra, hw_ch, reserve(self.orow, unsettled + due + 1))
+        stream = steady.StreamCols(self.s_key, self.s_src, *self.s_reports, *self.s_produce, self.sched_key,
+                                   self.sched_row)
         grow_from = self.log_len.copy()
         old_hw = self.hw
-        steady.steady(sc, cf, self.s_key, self.s_src, *self.s_reports, *self.s_produce, self.sched_key,
-                      self.sched_row, c["msg"], c["prod"], c["size"], c["dead"], c["state"], c["err"], c["anchor"],
-                      c["nref"], c["pe"], c["po"], c["req"], c["ack"], c["vis"], c["pid"], c["part"], c["keyid"],
-                      self.log_len, self.fetched, self.lcu, self.flushed_all, self.dur_d, self.dur_len, self.dur_n,
-                      ok_rep, in_isr, in_view, lead_runs, reserve(self.lead_app, arrivals),
-                      reserve(self.lead_cum, arrivals), reserve(ep_app, arrivals), reserve(ep_size, arrivals), rows,
-                      unav, extra, hw_ch, orow)
+        steady.steady(carried, avail, s, stream, msgs, replicas, self.durability, lead, out)
         # ----- the carried scalars and the growable arrays back
-        self.hw, self.cur_t = int(sc[steady.S_HW]), int(sc[steady.S_CUR_T])
+        c = carried[0]
+        self.hw, self.cur_t = int(c["hw"]), int(c["cur_t"])
         if zombie:
-            self.zombie["hw"] = int(sc[steady.S_ZHW])
-        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
-        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
-        ep_app.n = ep_size.n = int(sc[steady.S_EP_N])
-        self.pend.n = int(sc[steady.S_PEND_N])
-        self.s_pos = int(sc[steady.S_POS])
-        self.tick_key = int(sc[steady.S_TICK])
-        took = int(sc[steady.S_SCHED_POS])
+            self.zombie["hw"] = int(c["zombie_hw"])
+        self.replication_bytes += int(c["replication_bytes"])
+        self.lead_app.n, self.lead_cum.n = int(c["lead_n"]), int(c["cum_n"])
+        ep_app.n = ep_size.n = int(c["epoch_n"])
+        self.pend.n = int(c["pend_n"])
+        self.s_pos = int(c["stream_pos"])
+        self.tick_key = int(c["tick_key"])
+        took = int(c["retry_pos"])
         self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
         # ----- logs as runs: the serving broker's appends (one epoch), then followers as prefixes of the leader's
-        k = int(sc[steady.S_APPENDED])
+        k = int(c["appended"])
         if k:
             if new_epoch:
                 self.epochs[epoch] = (ep_start, ep_app, ep_size)
@@ -121,22 +126,22 @@ class KafkaStretches:
         for i in range(n):
             if i not in (li, si) and self.log_len[i] > grow_from[i]:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
-        nx = int(sc[steady.S_NEXTRA])
+        nx = int(c["n_extra"])
         if nx:
             self.extra.append(msg=extra[:nx, 0], epoch=extra[:nx, 1], offset=extra[:nx, 2])
-        nh = int(sc[steady.S_NHW])
+        nh = int(c["n_hw_moves"])
         if nh and self.extra.n and ldr >= 0:
             self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
+        for t, leo, hw in rows[: int(c["n_rows"]), :3].tolist():
             row = StateRow(t, ldr, self.epoch, tuple(self.isr), leo, hw) if l_up else self._state_row(t)
             self.timeline.offer(row)
-        self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
-        if sc[steady.S_AV_HAS]:
-            self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]), int(sc[steady.S_AV_STALL]))
+        self.timeline.unavail.extend(map(tuple, unav[: int(c["n_unavailable"])].tolist()))
+        if avail[0]:  # (open, instant, blocked, stall start), `arrays.close_instant`
+            self.timeline.av_prev = (int(avail[1]), bool(avail[2]), int(avail[3]))
         if self.pend.n >= COMPACT_AT:
             self._compact()  # settled messages leave the pending table (it bounds the next stretch's scans)
-        b = int(sc[steady.S_EXPAND])
+        b = int(c["expand"])
         if b >= 0:  # rule 7: the report that brought b up to the high watermark ends the stretch
             t = self.cur_t
             self._resolve_deadlines(t)  # deadlines before the expansion saw the state before it

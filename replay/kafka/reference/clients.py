@@ -3,7 +3,7 @@ deadlines (SPEC §3.1, §3.2 rules 3-4, 8, 10; §3.7 K-2)."""
 
 from __future__ import annotations
 
-from replay.kafka.reference.state import CLIENT, DEADLINE, RETRY, Entry, Msg
+from replay.kafka.reference.state import CLIENT, DEADLINE, RETRY, Entry, Msg, MsgState
 from replay.policies import Acks
 from schemas.outcomes import Error, Status
 from schemas.units import MS
@@ -35,13 +35,13 @@ class KafkaReferenceClients:
             return
         self.target = self.leader
         self.zombie = None
-        pending = sorted(m for m, msg in self.msgs.items()
-                         if msg.state in ("waiting", "refused", "appended") and t <= msg.deadline_us)
+        unsettled = (MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED)
+        pending = sorted(m for m, msg in self.msgs.items() if msg.state in unsettled and t <= msg.deadline_us)
         held = self._held_positions()
         for m in pending:
             msg = self.msgs[m]
             if any(p in held for p in msg.positions):
-                self._set_state(msg, "appended")  # idempotent retry of a copy the leader holds
+                self._set_state(msg, MsgState.APPENDED)  # idempotent retry of a copy the leader holds
                 msg.request_us = t
             else:
                 self._attempt(t, msg)
@@ -58,7 +58,8 @@ class KafkaReferenceClients:
         self.msgs[msg_id] = msg
         if self.p.acks is Acks.ZERO:
             # acks=0: the client counts the message as sent when it leaves; no retries (rule 4).
-            msg.status, msg.state, msg.ack_us = Status.ACKED, "acked", t
+            msg.status, msg.ack_us = Status.ACKED, t
+            self._set_state(msg, MsgState.ACKED)
             if self._serving() is not None:
                 self._append(t, msg)
             return
@@ -68,10 +69,10 @@ class KafkaReferenceClients:
     def _attempt(self, t: int, msg: Msg) -> None:
         msg.retry_at = None
         if self._serving() is None:
-            self._set_state(msg, "waiting")  # retried when clients reach a leader
+            self._set_state(msg, MsgState.WAITING)  # retried when clients reach a leader
             return
         if self.p.acks is Acks.ALL and self._serving_view_size() < self.min_isr:
-            self._set_state(msg, "refused")  # NotEnoughReplicas before append (rule 3), retriable
+            self._set_state(msg, MsgState.REFUSED)  # NotEnoughReplicas before append (rule 3), retriable
             msg.refusals += 1
             retry = t + self._retry_backoff_us(msg.refusals)
             if retry <= msg.deadline_us:
@@ -89,7 +90,7 @@ class KafkaReferenceClients:
 
     def _on_retry(self, t: int, msg_id: int) -> None:
         msg = self.msgs[msg_id]
-        if msg.state == "refused" and msg.retry_at == t:
+        if msg.state == MsgState.REFUSED and msg.retry_at == t:
             self._attempt(t, msg)
 
     def _append(self, t: int, msg: Msg) -> None:
@@ -101,7 +102,7 @@ class KafkaReferenceClients:
         r.written_us.append(t)
         msg.positions.append((epoch, offset))
         if msg.status is not Status.ACKED:  # acks=0 messages are already acked
-            self._set_state(msg, "appended")
+            self._set_state(msg, MsgState.APPENDED)
             msg.request_us = t
             if self.p.acks is Acks.ONE:
                 self._ack(t, msg)
@@ -112,7 +113,7 @@ class KafkaReferenceClients:
 
     def _ack(self, t: int, msg: Msg) -> None:
         msg.status, msg.ack_us = Status.ACKED, t
-        self._set_state(msg, "acked")
+        self._set_state(msg, MsgState.ACKED)
 
     def _ack_committed(self, t: int) -> None:
         """Acknowledge requests held by the serving broker: acks=1 at once, acks=all below its HW (rule 4)."""
@@ -133,13 +134,13 @@ class KafkaReferenceClients:
 
     def _on_deadline(self, t: int, msg_id: int) -> None:
         msg = self.msgs[msg_id]
-        if msg.state == "acked":
+        if msg.state == MsgState.ACKED:
             return
-        if msg.state == "appended":
+        if msg.state == MsgState.APPENDED:
             msg.error = Error.REQUEST_TIMEOUT
         elif self._serving() is not None and self.p.acks is Acks.ALL and self._serving_view_size() < self.min_isr:
             msg.error = Error.NOT_ENOUGH_REPLICAS
         else:
             msg.error = Error.NO_LEADER
         msg.status = Status.FAILED
-        self._set_state(msg, "failed")
+        self._set_state(msg, MsgState.FAILED)

@@ -46,7 +46,16 @@ from replay.events import PartitionEvents
 from replay.kafka.reference.clients import KafkaReferenceClients
 from replay.kafka.reference.control import KafkaReferenceControl
 from replay.kafka.reference.outputs import KafkaReferenceOutputs
-from replay.kafka.reference.state import ISR_CHECK, RETRY, Msg, Replica, Zombie
+from replay.kafka.reference.state import (
+    ISR_CHECK,
+    ISR_CHECKS_PER_LAG_TIME,
+    RETRY,
+    Msg,
+    MsgState,
+    Replica,
+    Zombie,
+    check_transition,
+)
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, FlushMode, KafkaPolicy
 from replay.results import PartitionResult, StateRow
 from schemas.outcomes import NULL_US
@@ -81,7 +90,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
         self.zombie: Zombie | None = None
         self.down_published: tuple[int, int] | None = None  # (leo, hw) last published by a leader now down
         self.msgs: dict[int, Msg] = {}
-        self.unacked: set[int] = set()  # messages in state "appended"
+        self.unacked: set[int] = set()  # messages in state APPENDED
         self.replication_bytes = 0
         self.heap: list[tuple[int, int, int, int, str, int]] = []
         self.seq = 0
@@ -123,9 +132,10 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
             return tgt
         return None
 
-    def _set_state(self, msg: Msg, state: str) -> None:
+    def _set_state(self, msg: Msg, state: MsgState) -> None:
+        check_transition(msg.state, state)
         msg.state = state
-        if state == "appended":
+        if state is MsgState.APPENDED:
             self.unacked.add(msg.msg_id)
         else:
             self.unacked.discard(msg.msg_id)
@@ -248,7 +258,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
 
     def _on_isr_check(self, t: int, _: int) -> None:
         """Rule 6: the leader drops followers not caught up for more than replica_lag_time_max_ms."""
-        period = self.p.replica_lag_time_max_ms * MS // 2
+        period = self.p.replica_lag_time_max_ms * MS // ISR_CHECKS_PER_LAG_TIME
         if t + period <= self.duration_us:
             self._push(t + period, ISR_CHECK, "isr_check", 0)
         ldr = self.leader

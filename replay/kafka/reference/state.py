@@ -4,11 +4,56 @@ life, and the order of derived events."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from schemas.outcomes import NULL_US, Error, Status
 
 # Derived events at the same instant apply after trace events, in this order (SPEC §2.2).
 FENCE, ISR_CHECK, CLIENT, RETRY, DEADLINE = range(5)
+#: Rule 6: the leader checks its ISR every replica_lag_time_max_ms / ISR_CHECKS_PER_LAG_TIME.
+ISR_CHECKS_PER_LAG_TIME = 2
+
+
+class MsgState(IntEnum):
+    """A message's state between its produce event and its outcome (`Msg.state`; the kernel's pending `state`
+    column holds the same codes). The order matters: the states up to APPENDED are unsettled."""
+
+    NEW = -1  # produced, not yet attempted
+    WAITING = 0  # no broker serves clients: retried at the next client switch (rule 8)
+    REFUSED = 1  # NotEnoughReplicas (rule 3): a retry is due after the backoff
+    APPENDED = 2  # in the serving broker's log, waiting for the acknowledgement (rule 4)
+    ACKED = 3
+    FAILED = 4  # its delivery deadline passed unacknowledged
+
+
+_UNANSWERED = frozenset({MsgState.NEW, MsgState.WAITING, MsgState.REFUSED, MsgState.APPENDED})
+#: The legal transitions, held in one place as Kafka's `PartitionStateMachine` holds `validPreviousStates`: the
+#: states a message may be in when it enters each state. An attempt (`_attempt`, a client switch) may start from
+#: any unsettled state; acks=0 acknowledges a new message as it leaves; an acknowledgement needs an append; a
+#: deadline fails only a message not yet answered. ACKED and FAILED are final.
+VALID_PREVIOUS_STATES: dict[MsgState, frozenset[MsgState]] = {
+    MsgState.NEW: frozenset(),
+    MsgState.WAITING: _UNANSWERED,
+    MsgState.REFUSED: _UNANSWERED,
+    MsgState.APPENDED: _UNANSWERED,
+    MsgState.ACKED: frozenset({MsgState.NEW, MsgState.APPENDED}),
+    MsgState.FAILED: _UNANSWERED - {MsgState.NEW},
+}
+
+
+class IllegalTransition(AssertionError):
+    """A message moved between two states that `VALID_PREVIOUS_STATES` does not link: a defect of the replay."""
+
+
+def check_transition(previous: int, new: int) -> None:
+    """Raise unless a message may move from `previous` to `new` (`VALID_PREVIOUS_STATES`)."""
+    if MsgState(previous) not in VALID_PREVIOUS_STATES[MsgState(new)]:
+        raise IllegalTransition(f"{MsgState(previous).name} -> {MsgState(new).name}")
+
+
+def legal_transitions() -> list[list[bool]]:
+    """`VALID_PREVIOUS_STATES` as a table for compiled code: [new - NEW][previous - NEW] is whether it is legal."""
+    return [[MsgState(p) in VALID_PREVIOUS_STATES[MsgState(n)] for p in sorted(MsgState)] for n in sorted(MsgState)]
 
 
 @dataclass
@@ -55,7 +100,7 @@ class Msg:
     produce_us: int
     size: int
     deadline_us: int
-    state: str = "new"  # waiting | refused | appended | acked | failed
+    state: MsgState = MsgState.NEW
     status: Status = Status.PENDING
     error: Error = Error.NONE
     ack_us: int = NULL_US
