@@ -39,7 +39,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
                                                                "--cluster-seeds", "6"]),
     # Issue 15: `replab replay` of a 3-message trace (new and existing lakehouse) against a bare Spark session.
     "fixed-cost": ("bench.fixed_cost_bench", ["--repeat", "2"], []),
-    # Issue 56: every preset's nines per year at the default failure model, in a fixed budget of episodes.
+    # The durability target (docs/performance.md): every preset's nines per year at the default failure model,
+    # in a fixed budget of episodes.
     "durability": ("bench.durability_bench", ["--budget-s", "600"], ["--budget-s", "60"]),
     # Where the driver JVM's CPU goes in that replay in a session that stays up (Java Flight Recorder's samples).
     "jvm-profile": ("bench.jvm_profile", ["--out", str(RESULTS / "warm-replay-jvm-profile.md")], ["--replays", "2"]),
