@@ -31,20 +31,21 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
                               ["--every-scenario", "--reference-scale", "0.02"]),
     "generate": ("bench.generate_bench", [], ["--sizes", "1e6"]),
     "spark": ("bench.spark_bench", ["--sizes", "1e6"], ["--sizes", "2e5", "--skip-full"]),
-    # Issue 15's scale check: 1 M and 10 M events, the replay cores and one policy's full replay, peak memory.
+    # The scale check (SPEC §10): 1 M and 10 M events, the replay cores and one policy's full replay, peak memory.
     "scale": ("bench.spark_bench", ["--sizes", "1e6,1e7", "--full", "one"], ["--sizes", "1e5,1e6", "--full", "one"]),
     "stream": ("bench.stream_bench", [], []),
     # The sweep's marginal cost per seed against one replay core, and a 2-worker standalone cluster vs local[1].
     "sweep": ("bench.sweep_bench", ["--cluster-seeds", "40"], ["--seeds", "2,6", "--core-seeds", "2",
                                                                "--cluster-seeds", "6"]),
-    # Issue 15: `replab replay` of a 3-message trace (new and existing lakehouse) against a bare Spark session.
+    # The fixed cost (SPEC §10): `replab replay` of a 3-message trace (new and existing lakehouse) against a bare
+    # Spark session.
     "fixed-cost": ("bench.fixed_cost_bench", ["--repeat", "2"], []),
     # The durability target (docs/performance.md): every preset's nines per year at the default failure model,
     # in a fixed budget of episodes.
     "durability": ("bench.durability_bench", ["--budget-s", "600"], ["--budget-s", "60"]),
     # Where the driver JVM's CPU goes in that replay in a session that stays up (Java Flight Recorder's samples).
     "jvm-profile": ("bench.jvm_profile", ["--out", str(RESULTS / "warm-replay-jvm-profile.md")], ["--replays", "2"]),
-    # Issue 15's trace gate and tail against the replay core, step by step from the Spark event log: the demo's
+    # The trace gate and tail against the replay core, step by step from the Spark event log: the demo's
     # replay (16 presets, MLflow on), 1 M events x 16 presets, and one policy at 10 M events.
     "profile-demo": ("bench.replay_profile", [], ["--scale", "0.05"]),
     "profile-1m": ("bench.replay_profile", ["--scenario", "steady-state", "--seed", "1", "--events", "1e6",

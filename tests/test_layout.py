@@ -178,7 +178,7 @@ def test_no_private_name_of_another_module():
     assert private_imports(edges) == []
 
 
-#: Issue 15's readability rules for the replay engines (kernels, reference interpreters, control planes): a class
+#: The readability rules for the replay engines (kernels, reference interpreters, control planes): a class
 #: of about 300 lines at most, and derived events dispatched through a handler table.
 MAX_CLASS_LINES = 350
 
@@ -216,7 +216,7 @@ def test_replay_classes_stay_short_and_dispatch_through_tables(tmp_path):
     assert name_dispatches(tmp_path) == [("replay.x", MAX_CLASS_LINES + 3), ("replay.x", MAX_CLASS_LINES + 4)]
 
 
-#: Issue 53: the replay wing by family. Each family package holds the same rooms, so the two read alike.
+#: The replay wing by family. Each family package holds the same rooms, so the two read alike.
 FAMILY_ROOMS = ("family.py", "routing.py", "reference/interpreter.py", "kernels/kernel.py")
 FAMILY_PACKAGES = ("kafka", "rocketmq")
 
