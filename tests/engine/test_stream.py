@@ -133,7 +133,7 @@ class CoreRun:
 
 def run_all(spark, runs: list[CoreRun], root: Path, at_once: int = 2) -> None:
     """Run the queries, `at_once` at a time (each query starts a Python process for its source on the driver;
-    many at once on a loaded 2-core machine miss Spark's fixed 10 s connect-back timeout: three at once did)."""
+    many at once on a loaded 2-core machine miss Spark's connect-back timeout: three at once did)."""
     pending = list(enumerate(runs))
     active: list[CoreRun] = []
     deadline = time.monotonic() + TIMEOUT_S
