@@ -1,4 +1,4 @@
-"""The trace loader: format errors name file, row and rule, and never coerce (SPEC §2, issue 2)."""
+"""The trace loader: format errors name file, row and rule, and never coerce (SPEC §2)."""
 
 from __future__ import annotations
 

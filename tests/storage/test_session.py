@@ -1,4 +1,4 @@
-"""The session factory gives real Delta: a table written through it is read back (issue 2)."""
+"""The session factory gives real Delta: a table written through it is read back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The seed articles' closing question (issue 5): which Kafka configuration matches a 5-broker DLedger cluster
+"""The seed articles' closing question: which Kafka configuration matches a 5-broker DLedger cluster
 (one group of 5, 50 queues) in performance, availability and consistency, under one and two broker failures?
 
 Traces: library scenarios `dledger5-single-failure` (broker 0 crashes at 60 s, back at 120 s) and
