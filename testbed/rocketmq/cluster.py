@@ -1,5 +1,6 @@
-"""A real Apache RocketMQ cluster for one testbed run (SPEC §12): a NameServer and the policy's DLedger groups, each
-node a small-heap JVM in its own network namespace (`testbed.netns`), as `testbed.cluster` runs Kafka.
+"""A real Apache RocketMQ cluster for one testbed run (SPEC §12): a NameServer and the policy's broker groups (DLedger
+Raft groups, or a master and its slaves), each node a small-heap JVM in its own network namespace
+(`testbed.netns`), as `testbed.cluster` runs Kafka.
 
 Facts of RocketMQ 5.3.3 this follows: the broker needs `-Drocketmq.home.dir` and logs under `${user.home}` (each JVM
 gets its own of both); with every jar on one classpath each process needs its own `-Drmq.logback.configurationFile`;
@@ -29,6 +30,7 @@ NAMESRV = "namesrv"
 NAMESRV_PORT = 9876
 BROKER_PORT = 10911
 DLEDGER_PORT = 40911
+HA_PORT = 10912  # the master's HA listener (listenPort + 1), which its slaves connect to
 #: The broker maps its commit log (DLedger's data files take the same size): small files on a small machine.
 MAPPED_FILE_BYTES = 64 * 1024 * 1024
 
@@ -49,10 +51,20 @@ def dledger_id(broker: int) -> str:
 
 @dataclass(frozen=True)
 class Group:
-    """One broker group (one brokerName): a DLedger Raft group of `members`, in the policy's layout order."""
+    """One broker group (one brokerName): a DLedger Raft group of `members`, or (master/slave) `members[0]` the
+    master (brokerId 0) and the rest its slaves (brokerId 1, 2, …), in the policy's layout order."""
 
     name: str
     members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MasterSlave:
+    """Classic master/slave replication (SPEC §3.3): the masters' brokerRole and the SYNC_MASTER settings."""
+
+    broker_role: str  # ASYNC_MASTER | SYNC_MASTER
+    in_sync_replicas: int  # MessageStoreConfig.inSyncReplicas: copies, master included, SYNC_MASTER waits for
+    slave_timeout_ms: int  # MessageStoreConfig.slaveTimeout: the wait before FLUSH_SLAVE_TIMEOUT
 
 
 @dataclass
@@ -62,6 +74,8 @@ class RocketMQCluster(NodeProcesses):
     workdir: Path
     tag: str
     flush_sync: bool = False
+    #: None: DLedger groups; else every group is a master and its slaves
+    master_slave: MasterSlave | None = None
     network: Network | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
@@ -115,13 +129,11 @@ class RocketMQCluster(NodeProcesses):
         else:
             b = int(name.split("-")[1])
             g = self.group_of(b)
-            peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
             props = {
                 "brokerClusterName": "replab", "brokerName": g.name, "listenPort": BROKER_PORT,
                 "namesrvAddr": self.namesrv, "brokerIP1": self.address(name),
                 "storePathRootDir": self.store(b), "storePathCommitLog": self.store(b) / "commitlog",
-                "enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
-                "dLegerSelfId": dledger_id(b), "mappedFileSizeCommitLog": MAPPED_FILE_BYTES,
+                **self._replication(b, g), "mappedFileSizeCommitLog": MAPPED_FILE_BYTES,
                 "flushDiskType": "SYNC_FLUSH" if self.flush_sync else "ASYNC_FLUSH",
                 "autoCreateTopicEnable": "false", "autoCreateSubscriptionGroup": "true",
                 "sendMessageThreadPoolNums": 4, "pullMessageThreadPoolNums": 4,
@@ -131,6 +143,20 @@ class RocketMQCluster(NodeProcesses):
         path = node_dir / ("namesrv.conf" if name == NAMESRV else "broker.conf")
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
+
+    def _replication(self, b: int, g: Group) -> dict[str, object]:
+        ms = self.master_slave
+        if ms is None:
+            peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
+            return {"enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
+                    "dLegerSelfId": dledger_id(b)}
+        broker_id = g.members.index(b)
+        return {"brokerId": broker_id, "brokerRole": ms.broker_role if broker_id == 0 else "SLAVE",
+                "haListenPort": HA_PORT, "inSyncReplicas": ms.in_sync_replicas,
+                "slaveTimeout": ms.slave_timeout_ms}
+
+    def is_master(self, broker: int) -> bool:
+        return self.master_slave is not None and self.group_of(broker).members[0] == broker
 
     # ------------------------------------------------------------------------------------------ processes
     def _start(self, name: str) -> None:
