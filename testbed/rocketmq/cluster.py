@@ -31,6 +31,7 @@ NAMESRV_PORT = 9876
 BROKER_PORT = 10911
 DLEDGER_PORT = 40911
 HA_PORT = 10912  # the master's HA listener (listenPort + 1), which its slaves connect to
+CONTROLLER_PORT = 9878  # the controller embedded in the NameServer listens on its own DLedger peer port
 #: The broker maps its commit log (DLedger's data files take the same size): small files on a small machine.
 MAPPED_FILE_BYTES = 64 * 1024 * 1024
 
@@ -62,9 +63,16 @@ class Group:
 class MasterSlave:
     """Classic master/slave replication (SPEC §3.3): the masters' brokerRole and the SYNC_MASTER settings."""
 
-    broker_role: str  # ASYNC_MASTER | SYNC_MASTER
+    broker_role: str  # ASYNC_MASTER | SYNC_MASTER; in controller mode the controller assigns the roles
     in_sync_replicas: int  # MessageStoreConfig.inSyncReplicas: copies, master included, SYNC_MASTER waits for
     slave_timeout_ms: int  # MessageStoreConfig.slaveTimeout: the wait before FLUSH_SLAVE_TIMEOUT
+    #: controller mode (SPEC §3.5): the controller embedded in the NameServer elects each group's master
+    controller: bool = False
+    all_ack_in_sync_state_set: bool = False
+    min_insync_replicas: int = 1
+    ha_max_time_slave_not_catchup_ms: int = 15000
+    controller_heartbeat_timeout_ms: int = 10000
+    enable_elect_unclean_master: bool = False
 
 
 @dataclass
@@ -126,6 +134,12 @@ class RocketMQCluster(NodeProcesses):
         (node_dir / "home").mkdir(parents=True, exist_ok=True)
         if name == NAMESRV:
             props: dict[str, object] = {"listenPort": NAMESRV_PORT}
+            ms = self.master_slave
+            if ms is not None and ms.controller:
+                props |= {"enableControllerInNamesrv": "true", "controllerDLegerGroup": "replab-controller",
+                          "controllerDLegerPeers": f"n0-{self.controller_addr}", "controllerDLegerSelfId": "n0",
+                          "controllerStorePath": node_dir / "controller",
+                          "enableElectUncleanMaster": str(ms.enable_elect_unclean_master).lower()}
         else:
             b = int(name.split("-")[1])
             g = self.group_of(b)
@@ -150,13 +164,28 @@ class RocketMQCluster(NodeProcesses):
             peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
             return {"enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
                     "dLegerSelfId": dledger_id(b)}
+        if ms.controller:
+            # The controller assigns ids and roles (brokerId -1, every broker starts as a slave).
+            return {"brokerId": -1, "brokerRole": "SLAVE", "enableControllerMode": "true",
+                    "controllerAddr": self.controller_addr, "haListenPort": HA_PORT,
+                    "inSyncReplicas": ms.in_sync_replicas, "minInSyncReplicas": ms.min_insync_replicas,
+                    "allAckInSyncStateSet": str(ms.all_ack_in_sync_state_set).lower(),
+                    "haMaxTimeSlaveNotCatchup": ms.ha_max_time_slave_not_catchup_ms,
+                    "controllerHeartBeatTimeoutMills": ms.controller_heartbeat_timeout_ms,
+                    "slaveTimeout": ms.slave_timeout_ms}
         broker_id = g.members.index(b)
         return {"brokerId": broker_id, "brokerRole": ms.broker_role if broker_id == 0 else "SLAVE",
                 "haListenPort": HA_PORT, "inSyncReplicas": ms.in_sync_replicas,
                 "slaveTimeout": ms.slave_timeout_ms}
 
+    @property
+    def controller_addr(self) -> str:
+        return f"{self.address(NAMESRV)}:{CONTROLLER_PORT}"
+
     def is_master(self, broker: int) -> bool:
-        return self.master_slave is not None and self.group_of(broker).members[0] == broker
+        """Master by configuration (classic master/slave: the group's first broker)."""
+        ms = self.master_slave
+        return ms is not None and not ms.controller and self.group_of(broker).members[0] == broker
 
     # ------------------------------------------------------------------------------------------ processes
     def _start(self, name: str) -> None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.policies import DLedgerPolicy, RocketMQPolicy
+from replay.policies import DLedgerPolicy, RocketMQControllerPolicy, RocketMQPolicy
 from schemas.errors import BadInput
 from schemas.trace import Kind
 from testbed.cluster import broker_name
@@ -103,7 +103,8 @@ class RocketMQRecording(Recording):
     ns_routes: list[dict[str, Any]] = field(default_factory=list)
     route_refresh_ms: int = 30000
     elections: list[dict[str, Any]] = field(default_factory=list)
-    master_slave: bool = False
+    master_slave: bool = False  # classic master/slave or controller mode: progress from the HA state
+    controller: bool = False
     #: master/slave: each slave's acknowledged commit log offset (end_index holds the offset), module docstring
     acked: list[LedgerEnd] = field(default_factory=list)
     ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines (comparison evidence)
@@ -207,6 +208,10 @@ def _shape(p: DLedgerPolicy | RocketMQPolicy, n_brokers: int) -> tuple:
         return ("dledger", p.group_size, None, p.queues_per_group, p.route_refresh_ms, p.flush.value)
     size = 1 + p.slaves_per_master
     groups = p.groups if p.groups is not None else n_brokers // size
+    if isinstance(p, RocketMQControllerPolicy):
+        return ("controller", size, groups, p.queues_per_group, p.route_refresh_ms, p.flush.value,
+                p.in_sync_replicas, p.slave_timeout_ms, p.all_ack_in_sync_state_set, p.min_insync_replicas,
+                p.ha_max_time_slave_not_catchup_ms, p.controller_heartbeat_timeout_ms, p.enable_elect_unclean_master)
     return (p.broker_role.value, size, groups, p.queues_per_group, p.route_refresh_ms, p.flush.value,
             p.in_sync_replicas, p.slave_timeout_ms)
 
@@ -216,9 +221,9 @@ def groups_of(policies: list, n_brokers: int) -> tuple[list[Group], int, int, Ma
     route poll and (master/slave) the masters' settings; policies of one run share the cluster, so they must
     agree on all of it."""
     for i, p in enumerate(policies):
-        if not isinstance(p, DLedgerPolicy | RocketMQPolicy):
-            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the RocketMQ testbed runs dledger and rocketmq "
-                           f"policies (controller mode follows)", rule="testbed-policy")
+        if not isinstance(p, DLedgerPolicy | RocketMQPolicy | RocketMQControllerPolicy):
+            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the RocketMQ testbed runs dledger, rocketmq and "
+                           f"rocketmq-controller policies", rule="testbed-policy")
     shapes = {_shape(p, n_brokers) for p in policies}
     if len(shapes) > 1:
         raise BadInput("the policies of one testbed run share one cluster and one client: they must agree on "
@@ -231,7 +236,12 @@ def groups_of(policies: list, n_brokers: int) -> tuple[list[Group], int, int, Ma
     if n_groups < 1 or n_groups * size > n_brokers:
         raise BadInput(f"{n_groups} group(s) of {size} > {n_brokers} brokers", rule="testbed-policy")
     groups = [Group(f"g{g}", tuple(range(g * size, (g + 1) * size))) for g in range(n_groups)]
-    ms = None if kind == "dledger" else MasterSlave(kind, shape[6], shape[7])
+    if kind == "dledger":
+        ms = None
+    elif kind == "controller":
+        ms = MasterSlave("SYNC_MASTER", *shape[6:8], True, *shape[8:])
+    else:
+        ms = MasterSlave(kind, shape[6], shape[7])
     return groups, qpg, refresh, ms
 
 
@@ -245,7 +255,7 @@ def run_cluster(schedule: Schedule, policies: list[DLedgerPolicy], workdir: Path
     sync = policies[0].flush.value == "sync"
     with RocketMQCluster(jars, groups, workdir, tag, flush_sync=sync, master_slave=ms) as cluster:
         rec = RocketMQRecording(schedule, policies, 0, groups=groups, queues_per_group=qpg, route_refresh_ms=refresh,
-                                master_slave=ms is not None)
+                                master_slave=ms is not None, controller=ms is not None and ms.controller)
         rec.tag = tag
         try:
             record(cluster, rec, policies, progress=progress, t_start=t)
@@ -260,9 +270,10 @@ def record(cluster: RocketMQCluster, rec: RocketMQRecording, policies: list[DLed
     schedule, work = rec.schedule, cluster.workdir
     topics = [topic_of(i) for i in range(len(policies))]
     n_queues = len(rec.groups) * rec.queues_per_group
-    # A slave takes its topics from its master (SlaveSynchronize); DLedger replicates none, so every member.
+    # A classic slave takes its topics from its master (SlaveSynchronize); DLedger replicates none, and a
+    # controller-mode group's master is elected later: every member.
     brokers = ",".join(cluster.broker_addr(b) for b in cluster.brokers
-                       if not rec.master_slave or cluster.is_master(b))
+                       if not rec.master_slave or rec.controller or cluster.is_master(b))
     deadline = time.monotonic() + READY_S
     while True:  # the brokers take their time to listen: create the topics until every member took them
         proc = cluster.harness("topics", "--brokers", brokers,
@@ -293,9 +304,12 @@ def record(cluster: RocketMQCluster, rec: RocketMQRecording, policies: list[DLed
     try:
         _wait_line(out, producer, "ready", READY_S)
         _wait_masters(cluster, out, producer, READY_S)
+        if rec.master_slave:
+            _wait_slaves(cluster, out, producer, READY_S)
         node_of = _label_leaders(cluster, rec, out)
         rec.wall_s["cluster_start"] = time.monotonic() - t_start
-        kind = cluster.master_slave.broker_role if cluster.master_slave else "DLedger"
+        ms = cluster.master_slave
+        kind = "DLedger" if ms is None else "controller-mode" if ms.controller else ms.broker_role
         progress(f"RocketMQ {cluster.jars.version}: NameServer + {len(cluster.brokers)} {kind} brokers ready in "
                  f"{rec.wall_s['cluster_start']:.1f} s (masters: "
                  f"{', '.join(f'{g.name}=node {node_of[g.members[0]]}' for g in rec.groups)})")
@@ -330,6 +344,27 @@ def _wait_masters(cluster: RocketMQCluster, out: Path, proc, timeout_s: float) -
         cluster.check_alive()
         time.sleep(0.3)
     raise TestbedUnavailable(f"no master elected in every DLedger group after {timeout_s:.0f} s")
+
+
+def _wait_slaves(cluster: RocketMQCluster, out: Path, proc, timeout_s: float) -> None:
+    """Until every group's master has an HA connection from each of its slaves. A slave learns its master's address
+    from its own registration with the NameServer (at start, then every 30 s), so a slave that registered before
+    its master connects only at its next registration: a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT until then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        last: dict[str, dict[str, Any]] = {}
+        for d in _read_lines(out):
+            if d.get("ev") == "ha":
+                last[d["addr"]] = d
+        if all(any(last.get(cluster.broker_addr(b), {}).get("master")
+                   and len(last[cluster.broker_addr(b)].get("acks", {})) >= len(g.members) - 1 for b in g.members)
+               for g in cluster.groups):
+            return
+        if proc.poll() is not None:
+            raise TestbedUnavailable("the RocketMQ client harness exited while waiting for the slaves to connect")
+        cluster.check_alive()
+        time.sleep(0.3)
+    raise TestbedUnavailable(f"not every slave connected to its master after {timeout_s:.0f} s")
 
 
 def _label_leaders(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path) -> dict[int, int]:
@@ -569,8 +604,8 @@ def _slave_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
         if s.ts_us < 0 or s.end_index < 0 or away(s.broker, s.ts_us):
             continue
         g = next(gr for gr in rec.groups if s.broker in gr.members)
-        if g.members[0] == s.broker:
-            continue
+        if g.members[0] == s.broker and not rec.controller:
+            continue  # a classic master never follows; a controller-mode group's trace broker 0 may
         ends, suffix = by_group[g.name]
         k = bisect.bisect_right(ends, s.end_index)
         upto = s.ts_us if suffix[k] >= 1 << 62 else min(s.ts_us, suffix[k] - 1)
