@@ -96,16 +96,37 @@ def test_every_process_and_namespace_is_gone(leader_crash):
     assert leftover_namespaces(rec.tag) == []
 
 
-def test_dledger_policies_lay_out_the_groups_and_refuse_mixed_runs():
-    """No cluster needed: the groups a run starts, and the policies one cluster cannot serve together."""
+def test_policies_lay_out_the_groups_and_refuse_mixed_runs():
+    """No cluster needed: the groups a run starts (DLedger, master/slave, controller mode), the brokers' settings
+    the policy sets, and the policies one cluster cannot serve together."""
+    from pathlib import Path
+
     from schemas.errors import BadInput
     from testbed.job import rocketmq
+    from testbed.rocketmq.cluster import RocketMQCluster
     from testbed.rocketmq.record import groups_of
 
-    groups, qpg, refresh = groups_of([parse_policy("dledger:group_size=3,queues_per_group=8")], 7)
-    assert [g.members for g in groups] == [(0, 1, 2), (3, 4, 5)] and (qpg, refresh) == (8, 30000)
+    groups, qpg, refresh, ms = groups_of([parse_policy("dledger:group_size=3,queues_per_group=8")], 7)
+    assert [g.members for g in groups] == [(0, 1, 2), (3, 4, 5)] and (qpg, refresh, ms) == (8, 30000, None)
     with pytest.raises(BadInput):
         groups_of([parse_policy("dledger"), parse_policy("dledger:route_refresh_ms=10000")], 3)
+
+    groups, _, _, ms = groups_of([parse_policy("rocketmq-sync")], 4)
+    assert [g.members for g in groups] == [(0, 1), (2, 3)]
+    assert (ms.broker_role, ms.in_sync_replicas, ms.slave_timeout_ms, ms.controller) == ("SYNC_MASTER", 2, 3000, False)
+    cluster = RocketMQCluster(None, groups, Path("/nonexistent"), "t", master_slave=ms)  # type: ignore[arg-type]
+    assert cluster._replication(0, groups[0])["brokerRole"] == "SYNC_MASTER"
+    slave = cluster._replication(3, groups[1])
+    assert (slave["brokerRole"], slave["brokerId"]) == ("SLAVE", 1)
+    assert cluster.is_master(2) and not cluster.is_master(3)
+
+    groups, _, _, ms = groups_of([parse_policy("rocketmq-controller-allack")], 3)
+    assert [g.members for g in groups] == [(0, 1, 2)] and ms.controller
+    assert (ms.all_ack_in_sync_state_set, ms.min_insync_replicas) == (True, 2)
+    with pytest.raises(BadInput):  # allAckInSyncStateSet is a broker setting: one cluster cannot serve both
+        groups_of([parse_policy("rocketmq-controller"), parse_policy("rocketmq-controller-allack")], 3)
+    with pytest.raises(BadInput):
+        groups_of([parse_policy("rocketmq"), parse_policy("dledger")], 4)
     with pytest.raises(BadInput):
         rocketmq([parse_policy("dledger"), parse_policy("kafka-acks1")])
     assert rocketmq([parse_policy("dledger")]) and not rocketmq([parse_policy("kafka-acks1")])
