@@ -12,8 +12,8 @@ What is recorded:
 - faults at the signal (crash = SIGKILL, shutdown = SIGTERM); `restart` when the NameServer's route lists the
   broker again (it registered); the election that follows a leader's loss, from the NameServer's route polled
   every 50 ms (the instant the successor registered as master), kept in comparison.json;
-- `replicate` events, DLedger: from each node's DLedger ledger end index, read from its entry index file every SAMPLE_MS
-  (32-byte entries: magic, pos, size, index, term). The file is what DLedger itself appends to before it
+- `replicate` events, DLedger: from each node's DLedger ledger end index, read from its entry index file every
+  SAMPLE_MS (32-byte entries: magic, pos, size, index, term). The file is what DLedger itself appends to before it
   acknowledges anything, so a node at ledger end index L holds entries 0..L exactly; a message's entry is found
   from its commit log offset (the send result's offset message id, or the verifying consumer's read), which lies
   inside its entry's [pos, pos + size). upto_us is the earliest send instant among the entries above L, − 1 µs;
@@ -23,7 +23,7 @@ What is recorded:
   two. The ack offset is the very number a SYNC_MASTER waits on before it answers (GroupTransferService compares
   it with the message's end), and a slave at offset O holds every byte below O, so a message is on the slave
   exactly when it ends at or below O (its end is the next message's commit log offset in the group, from the send
-  results and the verifying consumer's read). upto_us is the earliest send instant among the messages past O − 1 µs;
+  results and the verifying consumer's read). upto_us is the earliest send instant among the messages past O, − 1 µs;
 - per policy and message: the send result (SendStatus, or the exception and response code, the queue, the
   broker) and whether the verifying consumer read it after every fault healed (fate).
 """
@@ -202,24 +202,29 @@ def _wait_line(path: Path, proc, ev: str, timeout_s: float) -> dict[str, Any]:
     raise TestbedUnavailable(f"the RocketMQ client harness did not report '{ev}' in {timeout_s:.0f} s")
 
 
-def _shape(p: DLedgerPolicy | RocketMQPolicy, n_brokers: int) -> tuple:
-    """What the policies of one run must agree on: the cluster they share (SPEC §3.3, §3.4 layouts)."""
+def _shape(p: DLedgerPolicy | RocketMQPolicy | RocketMQControllerPolicy,
+           n_brokers: int) -> tuple[int, int | None, int, int, str, MasterSlave | None]:
+    """What the policies of one run must agree on, the cluster they share (SPEC §3.3-3.5 layouts): group size,
+    groups (None: as many as fit), queues per group, route poll, flush, and the masters' settings (None: DLedger)."""
     if isinstance(p, DLedgerPolicy):
-        return ("dledger", p.group_size, None, p.queues_per_group, p.route_refresh_ms, p.flush.value)
+        return p.group_size, None, p.queues_per_group, p.route_refresh_ms, p.flush.value, None
     size = 1 + p.slaves_per_master
-    groups = p.groups if p.groups is not None else n_brokers // size
     if isinstance(p, RocketMQControllerPolicy):
-        return ("controller", size, groups, p.queues_per_group, p.route_refresh_ms, p.flush.value,
-                p.in_sync_replicas, p.slave_timeout_ms, p.all_ack_in_sync_state_set, p.min_insync_replicas,
-                p.ha_max_time_slave_not_catchup_ms, p.controller_heartbeat_timeout_ms, p.enable_elect_unclean_master)
-    return (p.broker_role.value, size, groups, p.queues_per_group, p.route_refresh_ms, p.flush.value,
-            p.in_sync_replicas, p.slave_timeout_ms)
+        ms = MasterSlave("SYNC_MASTER", p.in_sync_replicas, p.slave_timeout_ms, controller=True,
+                         all_ack_in_sync_state_set=p.all_ack_in_sync_state_set,
+                         min_insync_replicas=p.min_insync_replicas,
+                         ha_max_time_slave_not_catchup_ms=p.ha_max_time_slave_not_catchup_ms,
+                         controller_heartbeat_timeout_ms=p.controller_heartbeat_timeout_ms,
+                         enable_elect_unclean_master=p.enable_elect_unclean_master)
+    else:
+        ms = MasterSlave(p.broker_role.value, p.in_sync_replicas, p.slave_timeout_ms)
+    return size, p.groups, p.queues_per_group, p.route_refresh_ms, p.flush.value, ms
 
 
 def groups_of(policies: list, n_brokers: int) -> tuple[list[Group], int, int, MasterSlave | None]:
-    """The broker groups the policies lay out (SPEC §3.3 master/slave, §3.4 DLedger), their queues per group,
-    route poll and (master/slave) the masters' settings; policies of one run share the cluster, so they must
-    agree on all of it."""
+    """The broker groups the policies lay out (SPEC §3.3 master/slave, §3.4 DLedger, §3.5 controller mode), their
+    queues per group, route poll and (master/slave, controller mode) the masters' settings; policies of one run
+    share the cluster, so they must agree on all of it."""
     for i, p in enumerate(policies):
         if not isinstance(p, DLedgerPolicy | RocketMQPolicy | RocketMQControllerPolicy):
             raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the RocketMQ testbed runs dledger, rocketmq and "
@@ -227,21 +232,14 @@ def groups_of(policies: list, n_brokers: int) -> tuple[list[Group], int, int, Ma
     shapes = {_shape(p, n_brokers) for p in policies}
     if len(shapes) > 1:
         raise BadInput("the policies of one testbed run share one cluster and one client: they must agree on "
-                       "the layout (group_size, or broker_role, slaves_per_master, groups, in_sync_replicas, "
-                       "slave_timeout_ms), queues_per_group, route_refresh_ms and flush; run them separately",
-                       rule="testbed-policy")
-    shape = shapes.pop()
-    kind, size, n_groups, qpg, refresh = shape[:5]
+                       "the family, the layout (group_size, or slaves_per_master and groups), the brokers' "
+                       "settings (broker_role, in_sync_replicas, slave_timeout_ms, the controller's), "
+                       "queues_per_group, route_refresh_ms and flush; run them separately", rule="testbed-policy")
+    size, n_groups, qpg, refresh, _, ms = shapes.pop()
     n_groups = n_brokers // size if n_groups is None else n_groups
     if n_groups < 1 or n_groups * size > n_brokers:
         raise BadInput(f"{n_groups} group(s) of {size} > {n_brokers} brokers", rule="testbed-policy")
     groups = [Group(f"g{g}", tuple(range(g * size, (g + 1) * size))) for g in range(n_groups)]
-    if kind == "dledger":
-        ms = None
-    elif kind == "controller":
-        ms = MasterSlave("SYNC_MASTER", *shape[6:8], True, *shape[8:])
-    else:
-        ms = MasterSlave(kind, shape[6], shape[7])
     return groups, qpg, refresh, ms
 
 
