@@ -100,6 +100,7 @@ SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("testbed-rmq-dledger-leader-crash", ("dledger",)),
     ("testbed-rmq-dledger-crash-after-poll", ("dledger",)),
     ("testbed-rmq-dledger-leader-isolation", ("dledger",)),
+    ("testbed-rmq-dledger-two-lost", ("dledger",)),
     ("testbed-rmq-sync-slave-down", ("rocketmq-sync",)),
     ("testbed-rmq-async-master-crash", ("rocketmq-async",)),
     # all_ack_in_sync_state_set on and off change the brokers' settings: one cluster each

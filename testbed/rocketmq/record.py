@@ -494,6 +494,10 @@ def _parse_client(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path, n
     for tr in rec.transitions:  # a restarted broker is back when the NameServer lists it again (registered)
         tr.listed_us = next((r["t"] for r in rec.ns_routes if r["t"] >= tr.signal_us
                              and any(tr.broker in ids.values() for ids in r["route"].values())), None)
+        if tr.listed_us is None:
+            # Not listed again before the trace ended (a DLedger broker's restart, its commit log recovery, took
+            # 40 s on a loaded machine): past the end, so the trace keeps the broker down to its end.
+            tr.listed_us = rec.schedule.duration_us + 1
 
 
 def slave_acks(cluster: RocketMQCluster, rec: RocketMQRecording, trace_of: dict[int, int]) -> list[LedgerEnd]:
