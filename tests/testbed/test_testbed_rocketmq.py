@@ -145,3 +145,25 @@ def test_sigterm_during_a_run_unwinds_like_ctrl_c():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_slave_progress_covers_exactly_the_messages_below_its_acknowledged_offset():
+    """No cluster needed: a slave at acknowledged offset O holds the messages that end at or below O (a message
+    ends where the group's next one starts), so its `replicate` event's upto_us is just before the earliest send
+    among the others; samples after the slave's crash are left out, and the master's own are never events."""
+    import pyarrow as pa
+
+    from testbed.rocketmq.cluster import Group
+    from testbed.rocketmq.record import LedgerEnd, RocketMQRecording, replicate_events
+    from testbed.schedule import Schedule
+
+    produce = pa.table({"ts_us": [1000, 2000, 3000], "msg_id": [1, 2, 3], "key": [None, None, None],
+                        "size_bytes": [100, 100, 100], "producer_id": [0, 0, 0]})
+    schedule = Schedule("s", "s", (), 10_000_000, produce, [], 10, {})
+    rec = RocketMQRecording(schedule, [], 0, groups=[Group("g0", (0, 1))], master_slave=True)
+    rec.sent_us = {1: 1000, 2: 2000, 3: 3000}
+    rec.clo_ids = {("g0", 0): 1, ("g0", 400): 2, ("g0", 800): 3}  # message 2 ends at 800
+    rec.faults = [(9_000_000, Kind.CRASH, 1)]
+    rec.acked = [LedgerEnd(5000, 0, 1200), LedgerEnd(5000, 1, 799), LedgerEnd(6000, 1, 800),
+                 LedgerEnd(7000, 1, 1200), LedgerEnd(9_500_000, 1, 1200)]
+    assert replicate_events(rec) == [(5000, 1, 1999), (6000, 1, 2999), (7000, 1, 7000)]
