@@ -42,7 +42,7 @@ class ClassicReplay(SteadySegments, GroupReplay):
     def _steady_rule(self) -> SteadyRule:
         m = self.master
         return SteadyRule(m, bool(self.cp.up[m]), bool(self.cp.alive(m)), CommitRule.CLASSIC, self.need,
-                          self._usable() >= self.need, True,
+                          self._usable() >= self.need or not self.p.slave_not_available, True,
                           self._coverage_now() if self.need else int(self.log_len[self.ix[m]]))
 
     def _usable(self) -> int:
