@@ -88,6 +88,7 @@ def print_report(lakehouse, console) -> int:
 # ------------------------------------------------------------------------------------------------ make testbed
 ACKS1 = "kafka-acks1"
 DURABLE = "kafka:acks=all,min_insync_replicas=2"
+SEED_DLEDGER = "dledger:group_size=5,queues_per_group=50"
 SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("testbed-leader-crash", (ACKS1, DURABLE)),
     ("testbed-follower-crash", (ACKS1, DURABLE)),
@@ -110,6 +111,9 @@ SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
     # all_ack_in_sync_state_set on and off change the brokers' settings: one cluster each
     ("testbed-rmq-controller-master-crash", ("rocketmq-controller",)),
     ("testbed-rmq-controller-master-crash", ("rocketmq-controller-allack",)),
+    # the seed articles' layout: one 5-node DLedger group holding 50 queues, one and two brokers lost
+    ("testbed-rmq-seed-single-failure", (SEED_DLEDGER,)),
+    ("testbed-rmq-seed-double-failure", (SEED_DLEDGER,)),
 )
 BEGIN, END = "<!-- testbed-table:begin -->", "<!-- testbed-table:end -->"
 #: The docs page whose agreement table `make testbed` rewrites (between BEGIN and END).
