@@ -59,22 +59,22 @@ _DOWN_LABEL = {"crash": CRASH, "power_loss": POWER, "disk_loss": DISK}
 
 @dataclass(frozen=True)
 class Biasing:
-    """Balanced failure biasing's knobs. q = 0 turns biasing off (plain Monte Carlo)."""
+    """Balanced failure biasing with forcing (see the module docstring). q = 0 turns biasing off (plain MC)."""
 
-    q: float = 0.5
-    horizon: float = 1000.0  # biased time, in mean recovery times of the initial fault
-    max_biased_faults: int = 4
+    q: float = 2.0  # a = q / p̄: biased chance of a fault before the next repair = a × the model's, at most `cap`
+    cap: float = 0.8
+    balance: float = 0.5  # share of a forced fault's unit chosen uniformly (the rest in proportion to its rate)
+    max_biased_steps: int = 4  # biased decision points per episode; then the model's law alone
+    max_biased_faults: int = 2
     max_faults: int = 32  # a safety stop; an episode reaching it is counted as truncated
 
     @property
-    def strength(self) -> float:
-        """c of the added failure rate c / (τ + t): another fault within the first τ with probability q."""
-        return 0.0 if self.q <= 0 else -math.log1p(-self.q) / math.log(2.0)
-
-    @property
     def max_weight(self) -> float:
-        """Largest likelihood ratio the scheme can give an episode (see the module docstring)."""
-        return (1.0 + self.horizon) ** self.strength
+        """Largest likelihood ratio the scheme can give an episode: each biased step multiplies it by at most
+        1 / (1 − cap) (no fault) or 1 / (1 − balance) (a forced fault), every other step by 1."""
+        if self.q <= 0:
+            return 1.0
+        return max(1.0 / (1.0 - self.cap), 1.0 / (1.0 - self.balance)) ** self.max_biased_steps
 
 
 @dataclass
@@ -300,9 +300,9 @@ class EpisodeSampler:
         self._apply(c, initial, unit, 0.0, rng, queue, events, seq)
         t, faults, max_down, truncated = 0.0, 0, c.down(), False
         bias = self.biasing
+        biased_steps = 0
         tau = self.mean_recovery_s(initial)
-        strength = bias.strength
-        biased_until = bias.horizon * tau
+        scale = 0.0  # a: biased chance of a fault = a × the model's (set at the first step)
         while queue:
             while queue and queue[0][0] <= t:
                 _, _, action = heapq.heappop(queue)
@@ -313,23 +313,36 @@ class EpisodeSampler:
             slots = self._slots(c)
             lam = np.array([self.per_second[i] for i, _ in slots])
             total = float(lam.sum())
-            biased = strength > 0 and faults < bias.max_biased_faults and t < biased_until and bool(slots)
-            dt = rng.exponential(1.0 / total) if total > 0 else math.inf
-            if biased:
-                r = min(r, biased_until - t)  # the rates change at the horizon: a stretch ends there
-                # the added process, rate strength / (τ + s), superposed: its next event after t
-                dt = min(dt, (tau + t) * math.expm1(rng.exponential() / strength))
+            p_fault = -math.expm1(-total * r)  # the model's chance of a fault before the next repair event
+            if scale == 0.0 and total > 0:
+                scale = max(1.0, bias.q / -math.expm1(-total * tau))
+            if (bias.q > 0 and p_fault > 0 and biased_steps < bias.max_biased_steps
+                    and faults < bias.max_biased_faults):
+                # forcing: a fault before r with chance q_s, at the model's time law conditioned on [0, r)
+                biased_steps += 1
+                q_s = max(p_fault, min(bias.cap, scale * p_fault))
+                if rng.random() < q_s:
+                    dt = -math.log1p(-rng.random() * p_fault) / total
+                    choice = (1.0 - bias.balance) * lam / total + bias.balance / len(slots)
+                    k = int(rng.choice(len(slots), p=choice))
+                    log_q += math.log(q_s) + math.log(total) - total * dt - math.log(p_fault) + math.log(choice[k])
+                else:
+                    dt = math.inf
+                    log_q += math.log1p(-q_s)
+            else:
+                dt = rng.exponential(1.0 / total) if total > 0 else math.inf
+                k = -1
+                step = min(dt, r)
+                log_q -= total * step
+                if dt < r and faults < bias.max_faults:
+                    k = int(rng.choice(len(slots), p=lam / total))
+                    log_q += math.log(lam[k])
             step = min(dt, r)
             for i, _ in slots:
                 exposure[i] += step
-            log_q -= total * step + (strength * math.log1p(step / (tau + t)) if biased else 0.0)
             if dt < r and faults < bias.max_faults:
                 t += dt
-                extra = strength / (tau + t) / len(slots) if biased else 0.0
-                lam_q = lam + extra
-                k = int(rng.choice(len(slots), p=lam_q / lam_q.sum()))
                 proc, unit = slots[k]
-                log_q += math.log(lam_q[k])
                 counts[proc] += 1
                 faults += 1
                 self._apply(c, proc, unit, t, rng, queue, events, seq)
