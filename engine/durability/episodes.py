@@ -9,26 +9,33 @@ identically distributed given their initial process (regeneration), and a yearly
 Inside an episode further faults arrive as Poisson processes on the units still healthy (a broker that is up
 and reachable, a rack or the cluster not already dark), while repairs run on their own clocks (recovery times
 are drawn from the model as they are). The dangerous episodes are those where faults pile up before repairs,
-which are rare: the sampler raises the failure rates while something is broken, **balanced failure biasing**
-in its form for general (non-exponential) repair times (Shahabuddin 1994, "Importance sampling for the
-simulation of highly reliable Markovian systems", Management Science 40(3); Nicola, Shahabuddin & Nakayama
-2001, "Techniques for fast simulation of models of highly dependable systems", IEEE Trans. Reliability
-50(3)): with τ the model's mean recovery time of the episode's initial fault, a failure process of rate
-c / (τ + t) is added at time t of the episode (c = log2(1 / (1 − q)): another fault within the first τ with
-probability q), its faults spread evenly over the m units that can fail (each unit's rate is
-λ_i + c / ((τ + t)·m): "balanced"), for the episode's first `max_biased_faults` faults and at most
-`horizon`·τ; then the model's rates alone. The added rate decays with the episode's age, so the likelihood
-ratio's time factor exp(∫ added rate) = (1 + t/τ)^c grows only polynomially with the episode's length: a
-constant added rate makes it exponential, and then long episodes (where losses live) carry weights a thousand
-times those of short ones, while cutting the biasing at a short horizon lets the few faults that strike after
-it (sampled at the model's rate, so with a likelihood ratio near 1) dominate the estimate. Both showed as
-intervals that missed the exact Markov answer far more often than 5 % (tests/test_durability_estimator.py).
-The rates depend only on the past, so the likelihood ratio of the Poisson processes is
-Π (λ_i / λ'_i)^{n_i} · exp(−∫(Λ − Λ')dt); every jump factor is at most 1, so every likelihood ratio is at
-most (1 + horizon)^c (`Biasing.max_weight`).
+which are rare. The sampler uses **failure biasing with forcing** in its form for general repair times
+(Shahabuddin 1994, "Importance sampling for the simulation of highly reliable Markovian systems", Management
+Science 40(3); Nicola, Shahabuddin & Nakayama 2001, "Techniques for fast simulation of models of highly
+dependable systems", IEEE Trans. Reliability 50(3)): at each of the episode's first `max_biased_steps` decision
+points (after every event, while fewer than `max_biased_faults` faults struck), with r the time to the next
+repair event and p = 1 − exp(−Λr) the model's chance of a fault before it, a fault is forced before r with
+chance q_s = min(cap, a·p) (never below p), at the model's time law conditioned on [0, r); its unit is drawn
+half uniformly over the m units that can fail ("balanced": a rare but dangerous disk loss is as likely as a
+crash) and half in proportion to the model's rates. The scale a = q / (1 − exp(−Λ τ)), τ the model's mean
+recovery time of the initial fault, is fixed per episode, so that every forced fault below the cap has the
+same likelihood ratio p / q_s = 1 / a. That is what L'Ecuyer & Tuffin's zero-variance approximation for
+highly reliable systems ("Approximating zero-variance importance sampling in a reliability setting", Annals of
+Operations Research 189, 2011) asks of paths to a loss made of the same number of rare faults: their weights
+are nearly equal, so the estimate's variance is that of counting them. Forcing with a fixed chance instead
+(the textbook form for exponential repairs) makes a fault's ratio proportional to r, and a losing episode's
+weight a product of repair times: in the Markov check below the losing weights then spread over five orders
+of magnitude and the intervals covered the exact value in only 89-91 % of repetitions. Biasing stops after
+the first faults (beyond them a loss is already decided or needs more faults than the model makes likely),
+so faults after a loss do not multiply the weight. Each biased step's ratio is at most 1 / (1 − cap) (no fault)
+or 1 / (1 − balance) (a fault: p / q_s ≤ 1), every other step's is 1, which bounds every likelihood ratio
+(`Biasing.max_weight`).
 
-The likelihood ratio is kept as sufficient statistics (per process: faults inside the episode and unit-seconds
-exposed), so the same episodes re-weight exactly to any other per-year rates (`log_p`), the sensitivity.
+The biased choices depend only on the past, so an episode's likelihood ratio is its density under the model,
+Π λ_i^{n_i} · exp(−Σ λ_i·exposure_i), over its density under the sampler (`log_q`, the product of the chances
+and conditional densities drawn). The model's part is kept as sufficient statistics (per process: faults
+inside the episode and unit-seconds exposed), so the same episodes re-weight exactly to any other per-year
+rates (`log_p`), the sensitivity.
 Recovery times re-weight too (`recovery_log_ratio`): each lognormal or exponential recovery time is drawn
 unclipped and then clipped to the process's [min, max], and the episode keeps, per process, the count, the sum
 and the sum of logs of the unclipped draws; "recovery times × f" is then the same law with its scale (median or
