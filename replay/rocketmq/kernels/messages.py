@@ -14,8 +14,9 @@ from replay.rocketmq.control import (
 from replay.rocketmq.kernels.common import (
     ACKED,
     FAILED,
-    PREARRIVE,
+    NEW,
     WAITING,
+    set_state,
 )
 from replay.shared.kernels.arrays import runs_array
 from replay.shared.kernels.records import hand_over_settled, settled_mask
@@ -58,7 +59,7 @@ class GroupMessages:
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
         ts = ev.produce_ts[sel]
         rows = self._new_rows(ev.produce_msg[sel], ts, ev.produce_size[sel], ts + delay[sel],
-                              {k: v[sel] for k, v in payload.items()}, PREARRIVE)
+                              {k: v[sel] for k, v in payload.items()}, NEW)
         keys = np.concatenate([self.sched_key, key_of(ts + delay[sel], C_ARRIVE)])
         all_rows = np.concatenate([self.sched_row, rows])
         order = np.lexsort((self.pend["msg"][all_rows], keys))  # same instant: msg_id order
@@ -70,7 +71,7 @@ class GroupMessages:
 
     def _ack_rows(self, rows: np.ndarray, when: np.ndarray) -> None:
         ok = when <= self._limit(rows)
-        self.pend.cols["state"][rows[ok]] = ACKED
+        set_state(self.pend.cols["state"], rows[ok], ACKED)
         self.pend.cols["ack"][rows[ok]] = when[ok]
 
     def _waiting_of(self, b: int, epoch: int) -> np.ndarray:
@@ -123,9 +124,9 @@ class GroupMessages:
         fail_answer = answered & (answer_at < t)
         fail_dead = ~answered & (dead < t)
         err = self.pend.cols["err"]
-        st[rows[fail_answer]] = FAILED
+        set_state(st, rows[fail_answer], FAILED)
         err[rows[fail_answer]] = self.answer_error
-        st[rows[fail_dead]] = FAILED
+        set_state(st, rows[fail_dead], FAILED)
         err[rows[fail_dead]] = Error.DELIVERY_TIMEOUT
         if fail_answer.any() or fail_dead.any():
             self._compact()

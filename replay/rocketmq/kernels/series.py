@@ -20,6 +20,7 @@ from replay.rocketmq.kernels.common import (
     C_REPLICATE,
     FAILED,
     WAITING,
+    set_state,
 )
 from replay.shared.kernels.arrays import (
     due_segment,
@@ -183,10 +184,10 @@ class SeriesSegments:
         self.seg_append_ts = arr_ts if srv is not None and not refusing else arr_ts[:0]
         st = self.pend.cols["state"]
         if srv is None:
-            st[arr_rows] = FAILED
+            set_state(st, arr_rows, FAILED)
             self.pend.cols["err"][arr_rows] = Error.NO_LEADER  # R2
         elif refusing:
-            st[arr_rows] = FAILED
+            set_state(st, arr_rows, FAILED)
             # R2: refused before append. SPEC §3.7 C-2: refusals the faults decide were retried on another group by
             # routing (`rocketmq.control` C9), so this is a send's last attempt or a set only replication shrank
             self.pend.cols["err"][arr_rows] = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
@@ -197,7 +198,7 @@ class SeriesSegments:
             c = self.pend.cols
             c["pe"][arr_rows], c["po"][arr_rows] = epoch, offsets
             c["tb"][arr_rows], c["tinc"][arr_rows], c["tep"][arr_rows] = srv, self.incarnation[si], epoch
-            st[arr_rows] = WAITING
+            set_state(st, arr_rows, WAITING)
             self._on_arrivals(srv, arr_rows, arr_ts)
         # ----- follower copies
         for b, (idx, new_len, lcu) in follow.items():

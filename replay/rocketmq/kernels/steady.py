@@ -17,6 +17,7 @@ from enum import IntEnum
 import numpy as np
 
 from replay.rocketmq.control import INF, KEY
+from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
 from replay.shared.kernels.arrays import close_instant, compiled, in_runs, kth_largest, timeline_row
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
@@ -33,8 +34,9 @@ class CommitRule(IntEnum):
 
 
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
-# pending-message states (as `rocketmq.MsgState`; numba reads module globals as compile-time constants)
-_WAITING, _ACKED, _FAILED = 0, 1, 2
+# the reference's message states (numba reads module globals as compile-time constants)
+_WAITING, _ACKED, _FAILED = int(MsgState.WAITING), int(MsgState.ACKED), int(MsgState.FAILED)
+_LEGAL = np.array(legal_transitions(), dtype=np.bool_)  # [new, previous], `VALID_PREVIOUS_STATES`
 _SLAVE_NOT_AVAILABLE = int(Error.SLAVE_NOT_AVAILABLE)
 _CLASSIC, _DLEDGER, _CONTROLLER = int(CommitRule.CLASSIC), int(CommitRule.DLEDGER), int(CommitRule.CONTROLLER)
 # bits of `ctl`, per replica (CONTROLLER): in the master's view of the SyncStateSet (the confirm offset's
@@ -50,6 +52,15 @@ assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_H
 (F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_K, F_USABLE_OK, F_COMMITS,
  F_EPOCH, F_INC, F_ANSWER, F_WINDOW, F_BLOCKED, F_REFUSAL, F_ALL_ACK, F_HW_MOVES) = range(19)
 N_CONSTANTS = 19
+
+
+@compiled(inline=True)
+def transition(state, r, new):
+    """Pending row r enters state `new`: the one place the kernels' compiled code checks a message's transition
+    against `VALID_PREVIOUS_STATES` (replay/rocketmq/reference/state.py, as the reference's `set_state`)."""
+    if not _LEGAL[new, state[r]]:
+        raise IllegalTransition("a message state transition VALID_PREVIOUS_STATES does not allow")
+    state[r] = new
 
 
 @compiled(inline=True)
@@ -99,7 +110,8 @@ def _settle(lo, hi, base, orow, t, mark_visible, acks, lb, epoch, inc, answer_us
             vis[r] = t
         if acks and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and tinc[r] == inc and \
                 t <= _ack_limit(arrive[r], dead[r], answer_us):
-            state[r], ack[r] = _ACKED, t
+            transition(state, r, _ACKED)
+            ack[r] = t
 
 
 @compiled(inline=True)
@@ -133,14 +145,16 @@ def _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, 
     rule 4: ASYNC_MASTER acks there, a SYNC_MASTER without enough usable slaves fails at once, stored on the
     master); `ControllerReference._arrive` (B.7: visible there unless allAckInSyncStateSet; in_sync_replicas ≤ 1
     acks there); DLedger waits for its commit."""
-    state[r] = _WAITING
+    transition(state, r, _WAITING)
     if vis_at_append:
         vis[r] = t
     if ack_at_append:
         if t <= _ack_limit(arrive[r], dead[r], answer_us):  # R1: a retry that arrives past its deadline
-            state[r], ack[r] = _ACKED, t
+            transition(state, r, _ACKED)
+            ack[r] = t
     elif not usable_ok:
-        state[r], err[r] = _FAILED, _SLAVE_NOT_AVAILABLE
+        transition(state, r, _FAILED)
+        err[r] = _SLAVE_NOT_AVAILABLE
 
 
 def _steady_loop(rule: int):
@@ -194,7 +208,8 @@ def _steady_loop(rule: int):
                 if 0 <= po[r] < commit and state[r] == _WAITING and tb[r] == lb and tep[r] == epoch and \
                         tinc[r] == inc and t0 <= _ack_limit(arrive[r], dead[r], answer_us) and \
                         (commits or not controller):
-                    state[r], ack[r] = _ACKED, t0
+                    transition(state, r, _ACKED)
+                    ack[r] = t0
         closed = 0
         prev_leo, prev_hw = -1, -1
         while True:
@@ -243,7 +258,8 @@ def _steady_loop(rule: int):
                     r = row
                     row += 1
                     if not srv_ok:
-                        state[r], err[r] = _FAILED, refusal  # R2 (§3.5: refused before append)
+                        transition(state, r, _FAILED)
+                        err[r] = refusal  # R2 (§3.5: refused before append)
                         continue
                     _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes, lead_app,
                             lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
@@ -256,7 +272,8 @@ def _steady_loop(rule: int):
                 r = sched_row[i_r]
                 i_r += 1
                 if not srv_ok:
-                    state[r], err[r] = _FAILED, refusal  # R2
+                    transition(state, r, _FAILED)
+                    err[r] = refusal  # R2
                     continue
                 _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes,
                         lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
