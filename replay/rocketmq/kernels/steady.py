@@ -13,6 +13,7 @@ availability; SPEC §4.2-4.3). Writes are returned for the flush model (R3), eva
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,10 +49,30 @@ IN_VIEW, IN_SSS = 1, 2
  S_SCHED_POS, S_APPENDED, S_NROWS, S_NUNAV, S_HW, S_ROW, S_EXPAND) = range(18)
 N_SCALARS = 18
 assert (S_AV_T, S_AV_BLOCKED, S_AV_STALL) == (S_AV_HAS + 1, S_AV_HAS + 2, S_AV_HAS + 3)  # `close_instant`
-# Indices of the per-segment constants in `cf`.
-(F_S_HI, F_SCHED_HI, F_ROW0, F_PEND_N, F_LI, F_LB, F_SRV_OK, F_L_OK, F_K, F_USABLE_OK, F_COMMITS,
- F_EPOCH, F_INC, F_ANSWER, F_WINDOW, F_BLOCKED, F_REFUSAL, F_ALL_ACK, F_HW_MOVES) = range(19)
-N_CONSTANTS = 19
+
+
+class Segment(NamedTuple):
+    """What stays fixed over one steady segment (the reference's leader, serving broker, epoch and policy)."""
+
+    stream_end: int  # its stream events: s_key[sc[S_POS]:stream_end]
+    sched_end: int  # its scheduled arrivals: sched_key[sc[S_SCHED_POS]:sched_end]
+    first_row: int  # the pending row of its first produce event (the others follow in order)
+    pending_n: int  # pending rows before the segment
+    leader: int  # the leader's replica index, or -1
+    leader_broker: int  # its broker id (`Msg.taker`'s), or -1
+    takes: bool  # the serving broker takes writes (else R2: refused before append)
+    leader_reachable: bool  # its followers' reports count (§2.2)
+    need: int  # CLASSIC: slave copies a SYNC_MASTER waits for; DLEDGER: the quorum; CONTROLLER: in_sync_replicas
+    usable: bool  # CLASSIC: enough usable slaves (else rule 4 fails at once)
+    commits: bool  # the commit point may move
+    epoch: int
+    incarnation: int  # the leader's (R1: only this incarnation answers)
+    answer_us: int  # the broker's status comes this long after arrival (R1)
+    window_us: int
+    blocked: bool  # no broker serves clients: the instants are unavailable
+    refusal: int  # the Error of a refused write (R2)
+    all_ack: bool  # CONTROLLER: allAckInSyncStateSet
+    hw_moves: bool  # CONTROLLER: `_recompute_hw` may move the confirm offset
 
 
 @compiled(inline=True)
@@ -163,24 +184,24 @@ def _steady_loop(rule: int):
     controller's branch alone cost the other families' loops 15-27 %."""
 
     @compiled(counted=False)
-    def group_steady(sc, cf, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
+    def group_steady(sc, seg, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                      size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
                      log_len, nbytes, fetched, lcu, alive, ctl, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
                      w_t, w_len, w_bytes, w_n, row_out, unav_out, orow):
-        """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], cf[F_S_HI]) and
-        scheduled arrivals [sc[S_SCHED_POS], cf[F_SCHED_HI]), merged. Produce events already have rows from
-        cf[F_ROW0] on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
+        """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], seg.stream_end) and
+        scheduled arrivals [sc[S_SCHED_POS], seg.sched_end), merged. Produce events already have rows from
+        seg.first_row on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
         confirm offset (sc[S_EXPAND] = its index; the caller adds it, as `ControllerReference._progress` does, and
         goes on). Returns nothing: the carried scalars are in `sc`, outputs in the *_out / w_* buffers with their
         counts in `sc`. `orow` is scratch of at least one slot per entry of the leader's log from the commit point
         up, per due event, plus one."""
         cur_t, commit, hw = sc[S_CUR_T], sc[S_COMMIT], sc[S_HW]
         lead_n, cum_n, ep_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N]
-        i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], cf[F_S_HI], cf[F_SCHED_HI]
-        li, lb, srv_ok, l_ok, k = cf[F_LI], cf[F_LB], cf[F_SRV_OK] == 1, cf[F_L_OK] == 1, cf[F_K]
-        usable_ok, commits, epoch, inc = cf[F_USABLE_OK] == 1, cf[F_COMMITS] == 1, cf[F_EPOCH], cf[F_INC]
-        answer_us, window, blocked, refusal = cf[F_ANSWER], cf[F_WINDOW], cf[F_BLOCKED] == 1, cf[F_REFUSAL]
-        all_ack, hw_moves = cf[F_ALL_ACK] == 1, cf[F_HW_MOVES] == 1
+        i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], seg.stream_end, seg.sched_end
+        li, lb, srv_ok, l_ok, k = seg.leader, seg.leader_broker, seg.takes, seg.leader_reachable, seg.need
+        usable_ok, commits, epoch, inc = seg.usable, seg.commits, seg.epoch, seg.incarnation
+        answer_us, window, blocked, refusal = seg.answer_us, seg.window_us, seg.blocked, seg.refusal
+        all_ack, hw_moves = seg.all_ack, seg.hw_moves
         controller = rule == _CONTROLLER
         if controller:
             by_point = all_ack or k > 1  # acks wait for a point (else at append)
@@ -189,7 +210,7 @@ def _steady_loop(rule: int):
             by_point = rule == _DLEDGER or k > 0  # not ASYNC_MASTER
             vis_at_append = rule == _CLASSIC
         ack_at_append = not by_point
-        row = cf[F_ROW0]
+        row = seg.first_row
         appended, n_rows, n_unav, expand = 0, 0, 0, -1
         # offset -> row of the messages in the leader's log from the commit point up (R1, rule 4 visibility)
         leo0 = log_len[li] if li >= 0 else 0
@@ -200,7 +221,7 @@ def _steady_loop(rule: int):
         orow[:room] = -1
         t0 = min(s_key[i_s] if i_s < s_hi else INF, sched_key[i_r] if i_r < r_hi else INF) // KEY
         if by_point and li >= 0:
-            for r in range(cf[F_PEND_N]):
+            for r in range(seg.pending_n):
                 if base <= po[r] < leo0 and pe[r] >= 0 and in_runs(lead_runs, pe[r], po[r]):
                     orow[po[r] - base] = r
                 # already below the commit point: answered at the next event (the controller's master only while

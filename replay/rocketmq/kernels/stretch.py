@@ -109,15 +109,13 @@ class SteadySegments:
         if new_epoch:  # room for the chunk's appends (`GroupReplay.advance`)
             reserve(ep_app, self.room)
             reserve(ep_cum, self.room)
-        cf = np.zeros(steady.N_CONSTANTS, dtype=np.int64)
-        cf[[steady.F_S_HI, steady.F_SCHED_HI, steady.F_ROW0, steady.F_PEND_N, steady.F_LI, steady.F_LB,
-            steady.F_SRV_OK, steady.F_L_OK, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
-            steady.F_EPOCH, steady.F_INC, steady.F_ANSWER, steady.F_WINDOW, steady.F_BLOCKED, steady.F_REFUSAL,
-            steady.F_ALL_ACK, steady.F_HW_MOVES]] = [
-            hi, shi, pend_n, pend_n, li, -1 if ldr is None else ldr, int(rule.takes and ldr is not None),
-            int(rule.reachable), rule.k, int(rule.usable), int(rule.commits), epoch,
-            int(self.incarnation[li]) if li >= 0 else 0, self._answer_ms() * MS, self.timeline.window_us,
-            int(self._blocked()), int(rule.refusal), int(rule.all_ack), int(rule.hw_moves)]
+        seg = steady.Segment(
+            stream_end=hi, sched_end=shi, first_row=pend_n, pending_n=pend_n, leader=li,
+            leader_broker=-1 if ldr is None else ldr, takes=bool(rule.takes and ldr is not None),
+            leader_reachable=bool(rule.reachable), need=int(rule.k), usable=bool(rule.usable),
+            commits=bool(rule.commits), epoch=int(epoch), incarnation=int(self.incarnation[li]) if li >= 0 else 0,
+            answer_us=self._answer_ms() * MS, window_us=int(self.timeline.window_us), blocked=bool(self._blocked()),
+            refusal=int(rule.refusal), all_ack=bool(rule.all_ack), hw_moves=bool(rule.hw_moves))
         av = self.timeline.av_prev or (0, False, INF)
         sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
         sc[[steady.S_CUR_T, steady.S_COMMIT, steady.S_AV_HAS, steady.S_AV_T, steady.S_AV_BLOCKED, steady.S_AV_STALL,
@@ -135,7 +133,7 @@ class SteadySegments:
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
         steady.GROUP_STEADY[rule.rule](
-            sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
+            sc, seg, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
             c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
             c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
             alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
