@@ -5,9 +5,10 @@ the serving broker and the epoch do not change. `group_steady` applies the produ
 scheduled arrivals (DLedger retries, C2) of such a segment in (ts, kind) order as the reference interpreter does
 (`GroupReference._append`, `_replicate`, `_ack_upto`, `_mark_visible`; `ClassicReference._arrive`, `_progress`;
 `DLedgerReference._arrive`, `_recommit`; `ControllerReference._arrive`, `_recompute_hw`, `_progress`), with the
-carried state in arrays named like the reference's fields (`log_len`, `fetched`, `lcu`, `nbytes`, the leader's
-`commit`, the controller's `hw`), and closes the instants it passes (timeline rows,
-availability; SPEC §4.2-4.3). Writes are returned for the flush model (R3), evaluated lazily in Python.
+state in named records whose fields are the reference's (`Segment`, `Replicas`: `log_len`, `fetched`, `lcu`,
+`nbytes`; `LeaderLog`, `Writes`; the leader's `commit` and the controller's `hw` carried in `sc`), and closes
+the instants it passes (timeline rows, availability; SPEC §4.2-4.3). Writes are returned for the flush model
+(R3), evaluated lazily in Python.
 """
 
 from __future__ import annotations
@@ -75,6 +76,37 @@ class Segment(NamedTuple):
     hw_moves: bool  # CONTROLLER: `_recompute_hw` may move the confirm offset
 
 
+class Replicas(NamedTuple):
+    """Per replica, in the group's order (the reference's `Broker` fields)."""
+
+    log_len: np.ndarray
+    nbytes: np.ndarray  # bytes in its log
+    fetched: np.ndarray  # the leader's view of its log end (R4)
+    lcu: np.ndarray  # last time it was caught up
+    alive: np.ndarray  # up and reachable
+    ctl: np.ndarray  # CONTROLLER: IN_VIEW | IN_SSS bits
+
+
+class LeaderLog(NamedTuple):
+    """The leader's log (runs of (epoch, start, end), append times and cumulative bytes by offset) and its epoch's
+    entries (append times, cumulative bytes)."""
+
+    runs: np.ndarray
+    append_us: np.ndarray
+    cum_bytes: np.ndarray
+    epoch_append_us: np.ndarray
+    epoch_cum_bytes: np.ndarray
+
+
+class Writes(NamedTuple):
+    """Writes for the flush model (R3): row b holds replica b's (t, log length, bytes), n[b] of them."""
+
+    t: np.ndarray
+    length: np.ndarray
+    nbytes: np.ndarray
+    n: np.ndarray
+
+
 @compiled(inline=True)
 def transition(state, r, new):
     """Pending row r enters state `new`: the one place the kernels' compiled code checks a message's transition
@@ -136,28 +168,47 @@ def _settle(lo, hi, base, orow, t, mark_visible, acks, lb, epoch, inc, answer_us
 
 
 @compiled(inline=True)
-def _write(b, t, length, nb, w_t, w_len, w_bytes, w_n):
-    """Replica b's log reached `length` entries (`nb` bytes) at t: a write for the flush model (R3), kept per
-    replica (row b of w_t, w_len, w_bytes; w_n[b] of them)."""
-    k = w_n[b]
-    w_t[b, k], w_len[b, k], w_bytes[b, k] = t, length, nb
-    w_n[b] = k + 1
+def _write(b, t, length, nb, writes):
+    """Replica b's log reached `length` entries (`nb` bytes) at t: a write for the flush model (R3)."""
+    k = writes.n[b]
+    writes.t[b, k], writes.length[b, k], writes.nbytes[b, k] = t, length, nb
+    writes.n[b] = k + 1
 
 
 @compiled(inline=True)
-def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, log_len, nbytes, lead_app, lead_cum, lead_n,
-            cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n):
+def _replicate(t, b, upto, li, reps, lead, writes):
+    """SPEC §3.2 rule 5, `GroupReference._replicate`: follower b reports it has fetched the leader's entries
+    appended by `upto` (append times never decrease in a log: a scan from its log end, in time proportional to the
+    entries it copies; a report never shrinks a log). Returns the bytes it copied."""
+    leo = reps.log_len[li]
+    old = reps.log_len[b]
+    new_len = old
+    while new_len < leo and lead.append_us[new_len] <= upto:
+        new_len += 1
+    copied = 0
+    if new_len > old:
+        copied = lead.cum_bytes[new_len] - lead.cum_bytes[old]
+        reps.nbytes[b] = lead.cum_bytes[new_len]
+        _write(b, t, new_len, reps.nbytes[b], writes)
+    reps.log_len[b] = new_len
+    reps.fetched[b] = new_len
+    reps.lcu[b] = max(reps.lcu[b], t if new_len == leo else upto)
+    return copied
+
+
+@compiled(inline=True)
+def _append(r, t, li, lb, epoch, inc, size, pe, po, tb, tinc, tep, reps, lead, lead_n, cum_n, ep_n, writes):
     """The leader appends message row r at t (`GroupReference._append`): its log, its epoch's entries, the
     leader cache (append times, cumulative bytes by offset) and a write for the flush model; the message is
     answered by this incarnation (R1)."""
-    off = log_len[li]
-    nbytes[li] += size
+    off = reps.log_len[li]
+    reps.nbytes[li] += size
     pe[r], po[r], tb[r], tinc[r], tep[r] = epoch, off, lb, inc, epoch
-    log_len[li] = off + 1
-    lead_app[lead_n], lead_cum[cum_n] = t, nbytes[li]
-    ep_app[ep_n] = t
-    ep_cum[ep_n + 1] = ep_cum[ep_n] + size
-    _write(li, t, off + 1, nbytes[li], w_t, w_len, w_bytes, w_n)
+    reps.log_len[li] = off + 1
+    lead.append_us[lead_n], lead.cum_bytes[cum_n] = t, reps.nbytes[li]
+    lead.epoch_append_us[ep_n] = t
+    lead.epoch_cum_bytes[ep_n + 1] = lead.epoch_cum_bytes[ep_n] + size
+    _write(li, t, off + 1, reps.nbytes[li], writes)
 
 
 @compiled(inline=True)
@@ -186,8 +237,7 @@ def _steady_loop(rule: int):
     @compiled(counted=False)
     def group_steady(sc, seg, s_key, s_code, s_rep, s_upto, sched_key, sched_row,
                      size, state, err, pe, po, tb, tinc, tep, ack, vis, arrive, dead,
-                     log_len, nbytes, fetched, lcu, alive, ctl, lead_runs, lead_app, lead_cum, ep_app, ep_cum, buf,
-                     w_t, w_len, w_bytes, w_n, row_out, unav_out, orow):
+                     reps, lead, buf, writes, row_out, unav_out, orow):
         """Apply the events of one steady segment (module docstring): stream events [sc[S_POS], seg.stream_end) and
         scheduled arrivals [sc[S_SCHED_POS], seg.sched_end), merged. Produce events already have rows from
         seg.first_row on, in order. CONTROLLER stops after a report that brings a slave outside the SyncStateSet to the
@@ -195,6 +245,8 @@ def _steady_loop(rule: int):
         goes on). Returns nothing: the carried scalars are in `sc`, outputs in the *_out / w_* buffers with their
         counts in `sc`. `orow` is scratch of at least one slot per entry of the leader's log from the commit point
         up, per due event, plus one."""
+        log_len, fetched, alive, ctl = reps.log_len, reps.fetched, reps.alive, reps.ctl
+        lead_runs, lead_app = lead.runs, lead.append_us
         cur_t, commit, hw = sc[S_CUR_T], sc[S_COMMIT], sc[S_HW]
         lead_n, cum_n, ep_n = sc[S_LEAD_N], sc[S_CUM_N], sc[S_EP_N]
         i_s, i_r, s_hi, r_hi = sc[S_POS], sc[S_SCHED_POS], seg.stream_end, seg.sched_end
@@ -260,20 +312,7 @@ def _steady_loop(rule: int):
                     b = s_rep[j]
                     if not l_ok or b < 0 or b == li or not alive[b]:
                         continue  # a down/isolated follower, the leader itself, or an unreachable leader (§2.2)
-                    leo = log_len[li]
-                    old = log_len[b]
-                    # the leader's entries appended by upto (append times never decrease in a log): a scan from the
-                    # follower's log end, in time proportional to the entries it copies; a report never shrinks a log
-                    new_len = old
-                    while new_len < leo and lead_app[new_len] <= s_upto[j]:
-                        new_len += 1
-                    if new_len > old:
-                        sc[S_REPL_BYTES] += lead_cum[new_len] - lead_cum[old]
-                        nbytes[b] = lead_cum[new_len]
-                        _write(b, t, new_len, nbytes[b], w_t, w_len, w_bytes, w_n)
-                    log_len[b] = new_len
-                    fetched[b] = new_len
-                    lcu[b] = max(lcu[b], t if new_len == leo else s_upto[j])
+                    sc[S_REPL_BYTES] += _replicate(t, b, s_upto[j], li, reps, lead, writes)
                     reporter = b
                 else:  # ------------------------------------------------------------ a message arrives (produce)
                     r = row
@@ -282,8 +321,8 @@ def _steady_loop(rule: int):
                         transition(state, r, _FAILED)
                         err[r] = refusal  # R2 (§3.5: refused before append)
                         continue
-                    _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes, lead_app,
-                            lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                    _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, reps, lead, lead_n, cum_n, ep_n,
+                            writes)
                     lead_n, cum_n, ep_n = lead_n + 1, cum_n + 1, ep_n + 1
                     appended += 1
                     _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis,
@@ -296,8 +335,8 @@ def _steady_loop(rule: int):
                     transition(state, r, _FAILED)
                     err[r] = refusal  # R2
                     continue
-                _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, log_len, nbytes,
-                        lead_app, lead_cum, lead_n, cum_n, ep_app, ep_cum, ep_n, w_t, w_len, w_bytes, w_n)
+                _append(r, t, li, lb, epoch, inc, size[r], pe, po, tb, tinc, tep, reps, lead, lead_n, cum_n, ep_n,
+                        writes)
                 lead_n, cum_n, ep_n, appended = lead_n + 1, cum_n + 1, ep_n + 1, appended + 1
                 _on_append(r, t, vis_at_append, ack_at_append, usable_ok, answer_us, state, err, ack, vis, arrive, dead)
                 orow[po[r] - base] = r

@@ -135,10 +135,11 @@ class SteadySegments:
         steady.GROUP_STEADY[rule.rule](
             sc, seg, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
             c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
-            c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
-            alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
-            reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
-            w_t, w_len, w_bytes, w_n, rows, unav, orow)
+            c["vis"], c["arrive"], c["dead"],
+            steady.Replicas(self.log_len, self.nbytes, self.fetched, self.lcu, alive, ctl),
+            steady.LeaderLog(lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
+                             reserve(ep_app, arrivals), reserve(ep_cum, arrivals)),
+            np.empty(n, dtype=np.int64), steady.Writes(w_t, w_len, w_bytes, w_n), rows, unav, orow)
         # ----- the carried scalars and the growable arrays back
         self.cur_t = int(sc[steady.S_CUR_T])
         self.s_pos = int(sc[steady.S_POS])
