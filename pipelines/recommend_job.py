@@ -27,26 +27,32 @@ def space_of(args: argparse.Namespace):
     return expand_space(args.space or ["kafka"])
 
 
-def print_recommendation(rec: Recommendation, console) -> None:
+def print_verdicts(rec: Recommendation, console, *, title: str, cost_header: str, cost, cell) -> None:
+    """The SLO check as a table: one row per policy, one column per term (`cell(estimate, term, mark)`), whether
+    it meets them all and its cost (`cost(estimate)`)."""
     from rich.table import Table
 
-    table = Table(title="SLO check (a term is met when the whole 95% interval is on its side)",
-                  title_justify="left")
+    table = Table(title=title, title_justify="left")
     table.add_column("policy", overflow="fold")
     for t in rec.slo:
         table.add_column(str(t), justify="right")
     table.add_column("meets", justify="center")
-    table.add_column("cost (brokers, copies, repl. MB/trace)", justify="right")
+    table.add_column(cost_header, justify="right")
     for v in rec.verdicts:
         e = v.estimate
-        cells = []
-        for t, met, _ in v.terms:
-            iv = e.estimates[t.metric]
-            mark = "[green]✓[/green]" if met else "[red]✗[/red]"
-            cells.append(f"{mark} {iv.text('{:.4g}')}")
-        b, c, r = e.cost
-        table.add_row(e.label, *cells, "yes" if v.meets else "no", f"{b:g}, {c:g}, {r / 1e6:,.2f}")
+        cells = [cell(e, t, "[green]✓[/green]" if met else "[red]✗[/red]") for t, met, _ in v.terms]
+        table.add_row(e.label, *cells, "yes" if v.meets else "no", cost(e))
     console.print(table)
+
+
+def print_recommendation(rec: Recommendation, console) -> None:
+    def cost(e) -> str:
+        b, c, r = e.cost
+        return f"{b:g}, {c:g}, {r / 1e6:,.2f}"
+
+    print_verdicts(rec, console, title="SLO check (a term is met when the whole 95% interval is on its side)",
+                   cost_header="cost (brokers, copies, repl. MB/trace)", cost=cost,
+                   cell=lambda e, t, mark: f"{mark} {e.estimates[t.metric].text('{:.4g}')}")
     chosen = rec.chosen
     if chosen is None:
         console.print("[bold red]no policy of the space meets every SLO term with 95% confidence[/bold red] "
@@ -67,27 +73,20 @@ def print_recommendation(rec: Recommendation, console) -> None:
 
 
 def print_durability_recommendation(rec: Recommendation, doc: dict, console) -> None:
-    from rich.table import Table
+    def cell(e, t, mark: str) -> str:
+        iv = e.estimates[t.metric]
+        bound = iv.low if t.op == ">=" else iv.high
+        if e.bounded and bound is not None and t.metric in ("nines_per_year", "p_loss_per_year"):
+            return f"{mark} {'≥' if t.op == '>=' else '≤'} {bound:.4g}"
+        return f"{mark} {iv.text('{:.4g}')}"
 
-    table = Table(title=f"SLO check per year: {doc['scenario']}, rates {doc['rates']['name']}, {doc['episodes']} "
-                        "episodes (a term is met when the whole 95% interval is on its side)", title_justify="left")
-    table.add_column("policy", overflow="fold")
-    for t in rec.slo:
-        table.add_column(str(t), justify="right")
-    table.add_column("meets", justify="center")
-    table.add_column("cost (brokers, copies)", justify="right")
-    for v in rec.verdicts:
-        e = v.estimate
-        cells = []
-        for t, met, _ in v.terms:
-            iv = e.estimates[t.metric]
-            mark = "[green]✓[/green]" if met else "[red]✗[/red]"
-            bound = iv.low if t.op == ">=" else iv.high
-            cells.append(f"{mark} {'≥' if t.op == '>=' else '≤'} {bound:.4g}" if e.bounded and bound is not None
-                         and t.metric in ("nines_per_year", "p_loss_per_year") else f"{mark} {iv.text('{:.4g}')}")
+    def cost(e) -> str:
         b, c, _ = e.cost
-        table.add_row(e.label, *cells, "yes" if v.meets else "no", f"{b:g}, {c:g}")
-    console.print(table)
+        return f"{b:g}, {c:g}"
+
+    print_verdicts(rec, console, title=f"SLO check per year: {doc['scenario']}, rates {doc['rates']['name']}, "
+                   f"{doc['episodes']} episodes (a term is met when the whole 95% interval is on its side)",
+                   cost_header="cost (brokers, copies)", cost=cost, cell=cell)
     if rec.chosen is None:
         console.print("[bold red]no policy of the run meets every SLO term with 95% confidence[/bold red] "
                       "(a longer durability run narrows the intervals)")

@@ -131,9 +131,9 @@ class CoreRun:
         return t.filter(pc.is_in(t.column("rtype"), pa.array(rtypes, pa.int8())))
 
 
-def run_all(spark, runs: list[CoreRun], root: Path, at_once: int = 3) -> None:
+def run_all(spark, runs: list[CoreRun], root: Path, at_once: int = 2) -> None:
     """Run the queries, `at_once` at a time (each query starts a Python process for its source on the driver;
-    many at once on a loaded 2-core machine miss Spark's connect-back timeout)."""
+    many at once on a loaded 2-core machine miss Spark's connect-back timeout: three at once did)."""
     pending = list(enumerate(runs))
     active: list[CoreRun] = []
     deadline = time.monotonic() + TIMEOUT_S
