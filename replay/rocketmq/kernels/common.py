@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.rocketmq.kernels.steady import Pending
 from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
 from schemas.trace import Kind
 
@@ -14,11 +15,13 @@ WAITING, ACKED, FAILED, NEW = MsgState.WAITING, MsgState.ACKED, MsgState.FAILED,
 
 #: Trace events per steady segment at most (any split gives the same result, as a time chunk does).
 SEGMENT_MAX = 1 << 15
+#: The pending messages' columns, in the order of `steady.Pending`'s fields (the reference's `Msg` names).
 PENDING_COLS = {
     "msg": np.int64, "prod": np.int64, "size": np.int64, "arrive": np.int64, "dead": np.int64, "state": np.int8,
     "err": np.int8, "pe": np.int64, "po": np.int64, "ack": np.int64, "vis": np.int64, "tb": np.int64,
     "tinc": np.int64, "tep": np.int64,
 }
+assert len(PENDING_COLS) == len(Pending._fields)
 
 
 _LEGAL = np.array(legal_transitions(), dtype=bool)  # [new, previous], `VALID_PREVIOUS_STATES`

@@ -11,6 +11,7 @@ import numpy as np
 
 from replay.rocketmq.control import INF, KEY
 from replay.rocketmq.kernels import steady
+from replay.rocketmq.kernels.common import PENDING_COLS
 from replay.rocketmq.kernels.steady import CommitRule
 from replay.shared.kernels.arrays import Grow, extend_runs, prefix_runs, reserve, runs_array
 from schemas.outcomes import Error
@@ -97,7 +98,7 @@ class SteadySegments:
             msg, size, pay = self._produced(self.s_pidx[new])
             self._new_rows(msg, ts, size, ts, pay, 0)
         arrivals = len(new) + shi  # at most one append each
-        c = self.pend.cols
+        cols = self.pend.cols
         rule = self._steady_rule()
         ldr = rule.leader
         li = self.ix[ldr] if ldr is not None else -1
@@ -116,12 +117,12 @@ class SteadySegments:
             commits=bool(rule.commits), epoch=int(epoch), incarnation=int(self.incarnation[li]) if li >= 0 else 0,
             answer_us=self._answer_ms() * MS, window_us=int(self.timeline.window_us), blocked=bool(self._blocked()),
             refusal=int(rule.refusal), all_ack=bool(rule.all_ack), hw_moves=bool(rule.hw_moves))
-        av = self.timeline.av_prev or (0, False, INF)
-        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
-        sc[[steady.S_CUR_T, steady.S_COMMIT, steady.S_AV_HAS, steady.S_AV_T, steady.S_AV_BLOCKED, steady.S_AV_STALL,
-            steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_POS, steady.S_HW]] = [
-            self.cur_t, rule.commit, int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2],
-            self.lead_app.n, self.lead_cum.n, ep_app.n, lo, rule.hw]
+        av = self.timeline.av_prev
+        avail = np.array((1, av[0], int(av[1]), av[2]) if av is not None else (0, 0, 0, INF), dtype=np.int64)
+        carried = np.zeros(1, dtype=steady.CARRIED)
+        c = carried[0]
+        c["cur_t"], c["commit"], c["hw"] = self.cur_t, rule.commit, rule.hw
+        c["lead_n"], c["cum_n"], c["epoch_n"], c["stream_pos"] = self.lead_app.n, self.lead_cum.n, ep_app.n, lo
         n = len(self.order)
         alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
         ctl = np.array([steady.IN_VIEW * (b in rule.view) + steady.IN_SSS * (b in rule.sss) for b in self.order],
@@ -133,28 +134,29 @@ class SteadySegments:
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
         steady.GROUP_STEADY[rule.rule](
-            sc, seg, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
-            c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
-            c["vis"], c["arrive"], c["dead"],
+            carried, avail, seg,
+            steady.StreamCols(self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row),
+            steady.Pending(*(cols[name] for name in PENDING_COLS)),
             steady.Replicas(self.log_len, self.nbytes, self.fetched, self.lcu, alive, ctl),
             steady.LeaderLog(lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
                              reserve(ep_app, arrivals), reserve(ep_cum, arrivals)),
-            np.empty(n, dtype=np.int64), steady.Writes(w_t, w_len, w_bytes, w_n), rows, unav, orow)
+            steady.Writes(w_t, w_len, w_bytes, w_n), steady.Outputs(rows, unav, orow, np.empty(n, dtype=np.int64)))
         # ----- the carried scalars and the growable arrays back
-        self.cur_t = int(sc[steady.S_CUR_T])
-        self.s_pos = int(sc[steady.S_POS])
+        c = carried[0]
+        self.cur_t = int(c["cur_t"])
+        self.s_pos = int(c["stream_pos"])
         # a segment cut short at a rejoin (CONTROLLER): the rows made for the produce events it did not reach go,
         # and the next segment makes them again
-        self.pend.n = int(sc[steady.S_ROW])
-        took = int(sc[steady.S_SCHED_POS])
+        self.pend.n = int(c["produce_row"])
+        took = int(c["sched_pos"])
         if took:
             self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
-        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
-        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
-        ep_app.n = int(sc[steady.S_EP_N])
+        self.replication_bytes += int(c["replication_bytes"])
+        self.lead_app.n, self.lead_cum.n = int(c["lead_n"]), int(c["cum_n"])
+        ep_app.n = int(c["epoch_n"])
         ep_cum.n = ep_app.n + 1
         # ----- logs as runs: the leader's appends (one epoch), then followers as prefixes of the leader's log
-        k = int(sc[steady.S_APPENDED])
+        k = int(c["appended"])
         if k:
             if new_epoch:
                 self.epochs[epoch] = (ep_start, ep_app, ep_cum)
@@ -169,11 +171,10 @@ class SteadySegments:
             if k:
                 self.flush[i].write(w_t[i, :k], w_len[i, :k], w_bytes[i, :k])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
+        for t, leo, hw in rows[: int(c["n_rows"]), :3].tolist():
             self.timeline.offer(self._state_row(t, leo, hw))
-        self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
-        if sc[steady.S_AV_HAS]:
-            self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]),
-                                     int(sc[steady.S_AV_STALL]))
-        expand = int(sc[steady.S_EXPAND])
-        self._steady_done(int(sc[steady.S_COMMIT]), int(sc[steady.S_HW]), self.order[expand] if expand >= 0 else None)
+        self.timeline.unavail.extend(map(tuple, unav[: int(c["n_unavailable"])].tolist()))
+        if avail[0]:
+            self.timeline.av_prev = (int(avail[1]), bool(avail[2]), int(avail[3]))
+        expand = int(c["expand"])
+        self._steady_done(int(c["commit"]), int(c["hw"]), self.order[expand] if expand >= 0 else None)
