@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.rocketmq.kernels.steady import Pending
+from replay.rocketmq.kernels.steady import NONE, Pending
 from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
 from schemas.trace import Kind
 
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+__all__ = ["NONE"]  # no replica, broker, row or epoch: `steady.NONE`, for the kernels' Python code too
 
 
 WAITING, ACKED, FAILED, NEW = MsgState.WAITING, MsgState.ACKED, MsgState.FAILED, MsgState.NEW

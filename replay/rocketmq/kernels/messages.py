@@ -15,6 +15,7 @@ from replay.rocketmq.kernels.common import (
     ACKED,
     FAILED,
     NEW,
+    NONE,
     WAITING,
     set_state,
 )
@@ -24,6 +25,7 @@ from schemas.outcomes import NULL_US, Error, Status
 from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
+COMPACT_MIN = 4096  # pending rows below which a compaction is not worth its scan
 
 
 class GroupMessages:
@@ -31,7 +33,7 @@ class GroupMessages:
 
     # ================================================================================= messages
     def _add_payload_keys(self, payload: dict) -> None:
-        """Columns carried to the outputs untouched; a key first seen in a later chunk is -1 before it."""
+        """Columns carried to the outputs untouched; a key first seen in a later chunk is NONE before it."""
         new = sorted(set(payload) - set(self.payload_keys or ()))
         if self.payload_keys is not None and not new:
             return
@@ -39,12 +41,12 @@ class GroupMessages:
         for k in new:
             for table in (self.pend, self.recs):
                 table.dtypes[k] = np.int64
-                table.cols[k] = np.full(len(table.cols["msg"]), -1, dtype=np.int64)
+                table.cols[k] = np.full(len(table.cols["msg"]), NONE, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
         # scalars broadcast into the table's columns (no per-column temporaries)
         cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
-                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
+                    state=state, err=0, pe=NONE, po=NONE, ack=NULL_US, vis=NULL_US, tb=NONE, tinc=0, tep=NONE)
         for name in self.payload_keys or ():
             cols[name] = payload[name]
         return self.pend.append(**cols)
@@ -53,7 +55,7 @@ class GroupMessages:
         """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
         # scalars broadcast into the table's columns
         self.recs.append(msg=ev.produce_msg[sel], prod=ev.produce_ts[sel], status=Status.FAILED, err=Error.NO_ROUTE,
-                         ack=NULL_US, vis=NULL_US, pe=-1, po=-1,
+                         ack=NULL_US, vis=NULL_US, pe=NONE, po=NONE,
                          **{name: payload[name][sel] for name in self.payload_keys or ()})
 
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
@@ -134,10 +136,10 @@ class GroupMessages:
     def _compact(self) -> None:
         """Hand settled messages to the records: answered, and visible or held by no broker."""
         n = self.pend.n
-        if n < 4096:
+        if n < COMPACT_MIN:
             return
         settled, count = settled_mask(self.pend, self.runs, None, _ACKED, _FAILED)
-        if count < n // 2:
+        if count < n // 2:  # a hand-over moves every kept row: worth it once half are settled
             return
         remap = hand_over_settled(self.pend, self.recs, settled, self.payload_keys or (), _ACKED, _FAILED)
         if len(self.sched_row):

@@ -19,6 +19,7 @@ from replay.rocketmq.kernels.common import (
     C_PRODUCE,
     C_REPLICATE,
     FAILED,
+    NONE,
     WAITING,
     set_state,
 )
@@ -101,7 +102,7 @@ class SeriesSegments:
                 self.s_pos += self._segment({
                     "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
                     "upto": self.s_upto[sl], "msg": msg, "size": size,
-                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64), "pay": pay,
+                    "row": np.full(hi - self.s_pos, NONE, dtype=np.int64), "pay": pay,
                 })
                 self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
                 continue
@@ -109,14 +110,14 @@ class SeriesSegments:
             if due is None:
                 return
             keys, is_tr, ti, si, shi = due
-            msg, size, pay = self._produced(np.where(is_tr, self.s_pidx[ti], -1))
+            msg, size, pay = self._produced(np.where(is_tr, self.s_pidx[ti], NONE))
             seg = {
                 "key": keys,
                 "code": np.where(is_tr, self.s_code[ti], C_ARRIVE),
-                "broker": np.where(is_tr, self.s_broker[ti], -1),
+                "broker": np.where(is_tr, self.s_broker[ti], NONE),
                 "upto": np.where(is_tr, self.s_upto[ti], 0),
                 "msg": msg, "size": size,
-                "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
+                "row": np.where(is_tr, NONE, self.sched_row[si] if shi else NONE),
                 "pay": pay,
             }
             consumed = self._segment(seg)
@@ -132,7 +133,7 @@ class SeriesSegments:
         ts = key // KEY
         n = len(key)
         ldr = self._data_leader()
-        li = self.ix[ldr] if ldr is not None else -1
+        li = self.ix[ldr] if ldr is not None else NONE
         l_ok = ldr is not None and self.cp.alive(ldr)
         srv = self._serving()
         refusing = srv is not None and self._refusing(srv)

@@ -46,6 +46,9 @@ _CLASSIC, _DLEDGER, _CONTROLLER = int(CommitRule.CLASSIC), int(CommitRule.DLEDGE
 # bits of `ctl`, per replica (CONTROLLER): in the master's view of the SyncStateSet (the confirm offset's
 # members; the set it knew when isolated), in the SyncStateSet itself (a slave outside it rejoins, §3.5)
 IN_VIEW, IN_SSS = 1, 2
+#: Columns of `Outputs.rows` (t, log end, high watermark, window end: `arrays.timeline_row`; the first
+#: ROW_STATE are the instant's state) and of `Outputs.unavailable` (from, to).
+ROW_WIDTH, ROW_STATE, INTERVAL_WIDTH = 4, 3, 2
 
 
 # ============================================================================== the records `group_steady` reads

@@ -59,8 +59,9 @@ class SteadySegments:
         bufs = self.__dict__.get("_bufs")
         if bufs is None or len(bufs[-1]) < n:
             cap = max(n, 2 * len(bufs[-1]) if bufs is not None else 0)
-            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in range(3)),
-                    np.empty((cap, 4), dtype=np.int64), np.empty((cap, 2), dtype=np.int64))
+            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in ("t", "length", "nbytes")),
+                    np.empty((cap, steady.ROW_WIDTH), dtype=np.int64),
+                    np.empty((cap, steady.INTERVAL_WIDTH), dtype=np.int64))
             self._bufs = bufs
         return bufs
 
@@ -101,7 +102,7 @@ class SteadySegments:
         cols = self.pend.cols
         rule = self._steady_rule()
         ldr = rule.leader
-        li = self.ix[ldr] if ldr is not None else -1
+        li = self.ix[ldr] if ldr is not None else steady.NONE
         assert self.lead_for_cache == ldr, "the leader cache holds the leader's log"
         epoch = self.cp.epoch
         new_epoch = epoch not in self.epochs
@@ -112,7 +113,7 @@ class SteadySegments:
             reserve(ep_cum, self.room)
         seg = steady.Segment(
             stream_end=hi, sched_end=shi, first_row=pend_n, pending_n=pend_n, leader=li,
-            leader_broker=-1 if ldr is None else ldr, takes=bool(rule.takes and ldr is not None),
+            leader_broker=steady.NONE if ldr is None else ldr, takes=bool(rule.takes and ldr is not None),
             leader_reachable=bool(rule.reachable), need=int(rule.k), usable=bool(rule.usable),
             commits=bool(rule.commits), epoch=int(epoch), incarnation=int(self.incarnation[li]) if li >= 0 else 0,
             answer_us=self._answer_ms() * MS, window_us=int(self.timeline.window_us), blocked=bool(self._blocked()),
@@ -127,7 +128,7 @@ class SteadySegments:
         alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
         ctl = np.array([steady.IN_VIEW * (b in rule.view) + steady.IN_SSS * (b in rule.sss) for b in self.order],
                        dtype=np.int64)
-        lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        lead_runs = runs_array(self.runs[li]) if li >= 0 else runs_array([])
         before = self.log_len.copy()
         w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
         w_n = np.zeros(n, dtype=np.int64)
@@ -171,7 +172,7 @@ class SteadySegments:
             if k:
                 self.flush[i].write(w_t[i, :k], w_len[i, :k], w_bytes[i, :k])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in rows[: int(c["n_rows"]), :3].tolist():
+        for t, leo, hw in rows[: int(c["n_rows"]), : steady.ROW_STATE].tolist():
             self.timeline.offer(self._state_row(t, leo, hw))
         self.timeline.unavail.extend(map(tuple, unav[: int(c["n_unavailable"])].tolist()))
         if avail[0]:
