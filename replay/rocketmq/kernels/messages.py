@@ -14,8 +14,10 @@ from replay.rocketmq.control import (
 from replay.rocketmq.kernels.common import (
     ACKED,
     FAILED,
-    PREARRIVE,
+    NEW,
+    NONE,
     WAITING,
+    set_state,
 )
 from replay.shared.kernels.arrays import runs_array
 from replay.shared.kernels.records import hand_over_settled, settled_mask
@@ -23,6 +25,7 @@ from schemas.outcomes import NULL_US, Error, Status
 from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
+COMPACT_MIN = 4096  # pending rows below which a compaction is not worth its scan
 
 
 class GroupMessages:
@@ -30,7 +33,7 @@ class GroupMessages:
 
     # ================================================================================= messages
     def _add_payload_keys(self, payload: dict) -> None:
-        """Columns carried to the outputs untouched; a key first seen in a later chunk is -1 before it."""
+        """Columns carried to the outputs untouched; a key first seen in a later chunk is NONE before it."""
         new = sorted(set(payload) - set(self.payload_keys or ()))
         if self.payload_keys is not None and not new:
             return
@@ -38,12 +41,12 @@ class GroupMessages:
         for k in new:
             for table in (self.pend, self.recs):
                 table.dtypes[k] = np.int64
-                table.cols[k] = np.full(len(table.cols["msg"]), -1, dtype=np.int64)
+                table.cols[k] = np.full(len(table.cols["msg"]), NONE, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
         # scalars broadcast into the table's columns (no per-column temporaries)
         cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
-                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
+                    state=state, err=0, pe=NONE, po=NONE, ack=NULL_US, vis=NULL_US, tb=NONE, tinc=0, tep=NONE)
         for name in self.payload_keys or ():
             cols[name] = payload[name]
         return self.pend.append(**cols)
@@ -52,13 +55,13 @@ class GroupMessages:
         """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
         # scalars broadcast into the table's columns
         self.recs.append(msg=ev.produce_msg[sel], prod=ev.produce_ts[sel], status=Status.FAILED, err=Error.NO_ROUTE,
-                         ack=NULL_US, vis=NULL_US, pe=-1, po=-1,
+                         ack=NULL_US, vis=NULL_US, pe=NONE, po=NONE,
                          **{name: payload[name][sel] for name in self.payload_keys or ()})
 
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
         ts = ev.produce_ts[sel]
         rows = self._new_rows(ev.produce_msg[sel], ts, ev.produce_size[sel], ts + delay[sel],
-                              {k: v[sel] for k, v in payload.items()}, PREARRIVE)
+                              {k: v[sel] for k, v in payload.items()}, NEW)
         keys = np.concatenate([self.sched_key, key_of(ts + delay[sel], C_ARRIVE)])
         all_rows = np.concatenate([self.sched_row, rows])
         order = np.lexsort((self.pend["msg"][all_rows], keys))  # same instant: msg_id order
@@ -70,7 +73,7 @@ class GroupMessages:
 
     def _ack_rows(self, rows: np.ndarray, when: np.ndarray) -> None:
         ok = when <= self._limit(rows)
-        self.pend.cols["state"][rows[ok]] = ACKED
+        set_state(self.pend.cols["state"], rows[ok], ACKED)
         self.pend.cols["ack"][rows[ok]] = when[ok]
 
     def _waiting_of(self, b: int, epoch: int) -> np.ndarray:
@@ -123,9 +126,9 @@ class GroupMessages:
         fail_answer = answered & (answer_at < t)
         fail_dead = ~answered & (dead < t)
         err = self.pend.cols["err"]
-        st[rows[fail_answer]] = FAILED
+        set_state(st, rows[fail_answer], FAILED)
         err[rows[fail_answer]] = self.answer_error
-        st[rows[fail_dead]] = FAILED
+        set_state(st, rows[fail_dead], FAILED)
         err[rows[fail_dead]] = Error.DELIVERY_TIMEOUT
         if fail_answer.any() or fail_dead.any():
             self._compact()
@@ -133,10 +136,10 @@ class GroupMessages:
     def _compact(self) -> None:
         """Hand settled messages to the records: answered, and visible or held by no broker."""
         n = self.pend.n
-        if n < 4096:
+        if n < COMPACT_MIN:
             return
         settled, count = settled_mask(self.pend, self.runs, None, _ACKED, _FAILED)
-        if count < n // 2:
+        if count < n // 2:  # a hand-over moves every kept row: worth it once half are settled
             return
         remap = hand_over_settled(self.pend, self.recs, settled, self.payload_keys or (), _ACKED, _FAILED)
         if len(self.sched_row):
