@@ -18,11 +18,11 @@ WAITING, ACKED, FAILED, NEW = MsgState.WAITING, MsgState.ACKED, MsgState.FAILED,
 SEGMENT_MAX = 1 << 15
 #: The pending messages' columns, in the order of `steady.Pending`'s fields (the reference's `Msg` names).
 PENDING_COLS = {
-    "msg": np.int64, "prod": np.int64, "size": np.int64, "arrive": np.int64, "dead": np.int64, "state": np.int8,
-    "err": np.int8, "pe": np.int64, "po": np.int64, "ack": np.int64, "vis": np.int64, "tb": np.int64,
-    "tinc": np.int64, "tep": np.int64,
+    "msg_id": np.int64, "produce_us": np.int64, "size": np.int64, "arrive_us": np.int64, "deadline_us": np.int64,
+    "state": np.int8, "error": np.int8, "epoch": np.int64, "offset": np.int64, "ack_us": np.int64,
+    "visible_us": np.int64, "taker_broker": np.int64, "taker_incarnation": np.int64, "taker_epoch": np.int64,
 }
-assert len(PENDING_COLS) == len(Pending._fields)
+assert tuple(PENDING_COLS) == Pending._fields  # the table's columns are the compiled record's fields
 
 
 _LEGAL = np.array(legal_transitions(), dtype=bool)  # [new, previous], `VALID_PREVIOUS_STATES`

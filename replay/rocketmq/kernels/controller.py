@@ -178,19 +178,19 @@ class ControllerReplay(ControllerEffects, SteadySegments, SeriesSegments, GroupR
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols
         if not self.all_ack:
-            c["vis"][rows] = ts  # B.7: the confirm offset is the master's max offset
+            c["visible_us"][rows] = ts  # B.7: the confirm offset is the master's max offset
         if self._is_zombie(s):
             z = self.zombie
             n = int(self.log_len[self.ix[s]])
             if z["view"] == (s,):
                 if self.all_ack:
-                    c["vis"][rows] = ts
+                    c["visible_us"][rows] = ts
                 z["hw"] = n
             point = self._ack_point_now(s)
             if point is None:
                 self._ack_rows(rows, ts)
             else:
-                ok = c["po"][rows] < point
+                ok = c["offset"][rows] < point
                 self._ack_rows(rows[ok], ts[ok])
         elif not self.all_ack and self.k <= 1:
             self._ack_rows(rows, ts)

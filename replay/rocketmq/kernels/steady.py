@@ -186,10 +186,10 @@ def _acks_at_point(rule, seg):
 
 
 @compiled(inline=True)
-def _ack_limit(arrive, dead, answer_us):
+def _ack_limit(arrive, deadline_us, answer_us):
     """R1: the last instant an ack still counts: the broker's status at arrival + its timeout, or the client's
     deadline (at one instant replication comes first)."""
-    return min(arrive + answer_us, dead)
+    return min(arrive + answer_us, deadline_us)
 
 
 @compiled(inline=True)
