@@ -183,12 +183,14 @@ def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str])
     cases = []
     for i, policy in enumerate(policies):
         rid = run_id(manifest.trace_id, policy, __version__)
-        pred, pred_un = compare.predict_local(policy, manifest, table)
+        pred, replay_un = compare.predict_local(policy, manifest, table)
         obs = compare.observed_outcomes(rec, i, rid, manifest.duration_us)
-        obs_un = compare.observed_unavailability(obs, manifest.duration_us)
-        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred,
-                           compare.summary_local(pred, pred_un, manifest.duration_us), obs,
-                           compare.summary_local(obs, obs_un, manifest.duration_us)))
+        dur = manifest.duration_us
+        predicted = compare.summary_local(pred, compare.outcome_unavailability(pred, dur), dur)
+        predicted["replay_unavailable_partition_seconds"] = compare.unavailable_seconds(replay_un, dur)
+        observed = compare.summary_local(
+            obs, compare.outcome_unavailability(compare.in_replay_units(obs, pred), dur), dur)
+        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred, predicted, obs, observed))
     return cases
 
 
@@ -214,10 +216,14 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
     for i, (run, summary) in enumerate(zip(report.runs, report.summaries, strict=True)):
         predicted = predicted_all[predicted_all["run_id"] == run.run_id].drop(columns="run_id")
         observed = compare.observed_outcomes(rec, i, run.run_id, manifest.duration_us)
-        unavailable = compare.observed_unavailability(observed, manifest.duration_us)
+        unavailable = compare.outcome_unavailability(compare.in_replay_units(observed, predicted),
+                                                     manifest.duration_us)
         info = RunInfo(run.run_id, manifest.duration_us, run.partitions, run.min_insync_replicas,
                        run.layout.brokers_used, run.layout.replicas_per_message, None)
         pred = {k: summary.get(k) for k in summary if k != "run_id"}
+        pred["replay_unavailable_partition_seconds"] = pred["unavailable_partition_seconds"]
+        pred["unavailable_partition_seconds"] = compare.unavailable_seconds(
+            compare.outcome_unavailability(predicted, manifest.duration_us), manifest.duration_us)
         cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
                            compare.summarize(spark, observed, unavailable, info)))
     return cases
