@@ -87,6 +87,17 @@ def test_comparison_has_both_sides_and_the_observed_outage(leader_crash):
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
 
 
+def test_a_recorded_run_is_judged_again_without_a_cluster(leader_crash):
+    """`recompare_testbed` reads the run's recording back and gives the same comparison (the model unchanged)."""
+    from testbed.job import recompare_testbed
+
+    before = (leader_crash.out / "comparison.json").read_text()
+    again = recompare_testbed(None, [parse_policy(p) for p in POLICIES], POLICIES, leader_crash.out, publish=False,
+                              progress=lambda _t: None)
+    assert (leader_crash.out / "comparison.json").read_text() == before
+    assert again.cases[0].observed == json.loads(before)[0]["observed"]
+
+
 def test_every_process_and_namespace_is_gone(leader_crash):
     from testbed.cluster import marked_java_pids
     from testbed.netns import leftover_namespaces
