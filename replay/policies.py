@@ -312,6 +312,11 @@ class DLedgerPolicy(Policy):
     vote_delay_ms: int = param(650, "election delay after leader loss is noticed (midpoint of the 300-1000 ms "
                                "jitter; deterministic)", unit="ms", minimum=0,
                                source="DLedgerLeaderElector (minVoteIntervalMs 300, maxVoteIntervalMs 1000)")
+    vote_wait_ms: int = param(2500, "the failed first vote after leader loss, in the old term: its wait for the "
+                              "lost leader's answer (2000 ms + the 0-1000 ms jitter's midpoint; SPEC §3.7 R-7)",
+                              unit="ms", minimum=0,
+                              source="DLedgerLeaderElector.maintainAsCandidate "
+                                     "(voteLatch.await(2000 + random(maxVoteIntervalMs)))")
     max_wait_ack_ms: int = param(2500, "an entry not committed within this fails with "
                                  "IN_SYNC_REPLICAS_NOT_ENOUGH and is retried at another group", unit="ms",
                                  minimum=1, source="DLedgerConfig.maxWaitAckTimeMs")
