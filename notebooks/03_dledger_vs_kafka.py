@@ -14,7 +14,7 @@
 # MAGIC - DLedger loses nothing it acknowledged, but the whole topic stops for each election: followers notice the
 # MAGIC   loss of a leader 6000 ms after its last 2 s heartbeat, the vote takes 650 ms, and producers learn the new
 # MAGIC   leader at their next route poll (every 30 s from 0, SPEC §3.7 R-1), or, when that poll found no master
-# MAGIC   and the route was left empty, as soon as it registers: from about 4.65 s to about 30 s per leader
+# MAGIC   and the route was left empty, as soon as it registers: from about 7.15 s to about 30 s per leader
 # MAGIC   lost, depending on where the failure falls between two polls (`studies/dledger_vs_kafka.py` prints the
 # MAGIC   best, worst and mean over the poll phase);
 # MAGIC - Kafka fails over **partition by partition**: only the partitions led by the crashed broker stop, for the

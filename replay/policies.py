@@ -309,9 +309,15 @@ class DLedgerPolicy(Policy):
                               minimum=1, source="DLedgerConfig.heartBeatTimeIntervalMs")
     max_heartbeat_leak: int = param(3, "missed heartbeats before followers notice leader loss", minimum=1,
                                     source="DLedgerConfig.maxHeartBeatLeak")
-    vote_delay_ms: int = param(650, "election delay after leader loss is noticed (midpoint of the 300-1000 ms "
-                               "jitter; deterministic)", unit="ms", minimum=0,
+    vote_delay_ms: int = param(650, "delay of the vote that elects, after the failed first vote (R-7) or a "
+                               "majority's return (midpoint of the 300-1000 ms jitter; deterministic)", unit="ms",
+                               minimum=0,
                                source="DLedgerLeaderElector (minVoteIntervalMs 300, maxVoteIntervalMs 1000)")
+    vote_wait_ms: int = param(2500, "the failed first vote after leader loss, in the old term: its wait for the "
+                              "lost leader's answer (2000 ms + the 0-1000 ms jitter's midpoint; SPEC §3.7 R-7)",
+                              unit="ms", minimum=0,
+                              source="DLedgerLeaderElector.maintainAsCandidate "
+                                     "(voteLatch.await(2000 + random(maxVoteIntervalMs)))")
     max_wait_ack_ms: int = param(2500, "an entry not committed within this fails with "
                                  "IN_SYNC_REPLICAS_NOT_ENOUGH and is retried at another group", unit="ms",
                                  minimum=1, source="DLedgerConfig.maxWaitAckTimeMs")

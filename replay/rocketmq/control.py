@@ -54,8 +54,9 @@ C5 Queue choice on failover (SPEC §3.3 rule 3): the next queue in route order w
    delivery_timeout_ms (sendMsgTimeout).
 C6 DLedger (SPEC §3.4 rule 3): a leader that is down, or isolated, or cannot reach a majority (itself
    included) for heartbeat_ms × max_heartbeat_leak steps down (a dead leader at once: the group has no leader
-   from that instant). Followers notice a dead or isolated leader that long after it went silent and vote
-   vote_delay_ms later; after a step-down the election runs vote_delay_ms after a majority is up and reachable.
+   from that instant). Followers notice a dead or isolated leader that long after it went silent, lose a first
+   vote in its term (vote_wait_ms, SPEC §3.7 R-7) and elect vote_delay_ms later; after a step-down the
+   election runs vote_delay_ms after a majority is up and reachable.
    A leader takes writes while it is up, not isolated and clients know it (R-1 below). `shutdown` is detected
    like a crash (DLedger has no controlled leadership hand-over).
 C7 Controller (SPEC §3.5): a master that crashes or shuts down while reachable is noticed at once (at that
@@ -345,6 +346,7 @@ class DLedgerControlPlane(ControlPlane):
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
+        self.wait_us = policy.vote_wait_ms * MS
         self.hb_us = policy.heartbeat_ms * MS
         self.elected_at: int | None = None  # None: the initial leader, leading since before the trace
         self.silent_since: int | None = None  # when the current leader stopped reaching the group
@@ -374,6 +376,13 @@ class DLedgerControlPlane(ControlPlane):
         tick = (t - 1) // self.hb_us * self.hb_us
         return tick if self.elected_at is None else max(tick, self.elected_at)
 
+    def _election_after_loss(self, last: int) -> int:
+        """R-7 (SPEC §3.7, `DLedgerLeaderElector.maintainAsCandidate`): followers notice the loss detect_us after
+        the last heartbeat (R-3); their first vote is in the lost leader's term, where every member has voted, so
+        it fails, and it ends only at its wait (vote_wait_ms), the lost leader never answering; the vote that
+        elects runs vote_delay_ms later."""
+        return last + self.detect_us + self.wait_us + self.vote_us
+
     def _reach(self) -> int:
         ldr = self.leader
         return 1 if self.iso[ldr] else self.alive_count()
@@ -396,7 +405,7 @@ class DLedgerControlPlane(ControlPlane):
             silent = self.silent_since if was_iso and self.silent_since is not None else t
             last = self._last_heartbeat(silent)  # R-3: followers count from the last heartbeat they received
             self._lose_leader(t)
-            self._push(max(last + self.detect_us + self.vote_us, t), C_ELECT, "elect")
+            self._push(max(self._election_after_loss(last), t), C_ELECT, "elect")
             return
         if b == ldr and kind is Kind.ISOLATE:
             self.silent_since = t
@@ -453,8 +462,8 @@ class DLedgerControlPlane(ControlPlane):
         ldr = self.leader
         super().trace(t, kind, b)
         if ldr is not None and b == ldr and kind is Kind.ISOLATE:
-            # followers stop hearing the isolated leader: they vote detect + vote delay after its last heartbeat
-            self._push(self._last_heartbeat(t) + self.detect_us + self.vote_us, C_ELECT, "elect")
+            # followers stop hearing the isolated leader: they elect as after a crash (R-3, R-7)
+            self._push(self._election_after_loss(self._last_heartbeat(t)), C_ELECT, "elect")
 
 
 class ControllerControlPlane(ControlPlane):

@@ -69,7 +69,7 @@ class RocketMQGroupFamily:
             "rocketmq-controller": ["groups", "slaves_per_master", "controller_heartbeat_timeout_ms",
                                     "controller_scan_ms"],
             "dledger": ["group_size", "delivery_timeout_ms", "heartbeat_ms",
-                        "max_heartbeat_leak", "vote_delay_ms", "max_wait_ack_ms"],
+                        "max_heartbeat_leak", "vote_delay_ms", "vote_wait_ms", "max_wait_ack_ms"],
         }[policy.family]
         if policy.family == "rocketmq-controller" and policy.min_insync_replicas > 1:
             extra = [*extra, "min_insync_replicas", "ha_housekeeping_interval_ms"]  # C-2 refusals are retried (C9)

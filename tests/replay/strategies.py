@@ -175,6 +175,7 @@ def dledger_policies(draw, n_brokers: int):
         "heartbeat_ms": draw(st.sampled_from([300, 2000])),
         "max_heartbeat_leak": draw(st.integers(1, 3)),
         "vote_delay_ms": draw(st.sampled_from([0, 650])),
+        "vote_wait_ms": draw(st.sampled_from([0, 2500])),
         "max_wait_ack_ms": draw(st.sampled_from([300, 2500])),
         **_client_params(draw), **_flush_params(draw, [1, 10, 700]),
     }

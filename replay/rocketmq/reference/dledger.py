@@ -27,6 +27,7 @@ class DLedgerReference(GroupReference):
         self.q = majority(len(members))
         self.detect_us = policy.heartbeat_ms * policy.max_heartbeat_leak * MS
         self.vote_us = policy.vote_delay_ms * MS
+        self.wait_us = policy.vote_wait_ms * MS
         self.hb_us = policy.heartbeat_ms * MS
         self.elected_at: int | None = None  # the initial leader leads from before the trace
         self.leader: int | None = members[0]
@@ -88,6 +89,15 @@ class DLedgerReference(GroupReference):
         last = (t - 1) // self.hb_us * self.hb_us
         return last if self.elected_at is None else max(last, self.elected_at)
 
+    def _election_after_loss(self, heard: int) -> int:
+        """SPEC §3.7 R-7 (`DLedgerLeaderElector.maintainAsCandidate`): a follower that noticed the loss (R-3) votes
+        first in the lost leader's term, where every member has voted (`handleVote`: REJECT_ALREADY_VOTED), so the
+        vote fails; it waits for every answer or voteLatch.await(2000 + random(maxVoteIntervalMs)), and the lost
+        leader never answers (RocketMQ's `NettyRemotingClient.invokeAsync` reports a failed connection only to
+        `InvokeCallback.operationFail`, which DLedger's callback leaves empty): vote_wait_ms. The vote in the next
+        term, vote_delay_ms later, elects."""
+        return heard + self.detect_us + self.wait_us + self.vote_us
+
     def _reach(self) -> int:
         return 1 if self.rep[self.leader].isolated else len(self._alive_members())
 
@@ -127,7 +137,7 @@ class DLedgerReference(GroupReference):
             heard = self._heard_last(silent)
             self._lose_leader(t)
             # noticed, then a vote (a lone member's isolated leader may die after that delay: vote now)
-            self._schedule_election(max(heard + self.detect_us + self.vote_us, t))
+            self._schedule_election(max(self._election_after_loss(heard), t))
         elif self.leader is not None:
             self._quorum_check(t)
 
@@ -135,7 +145,7 @@ class DLedgerReference(GroupReference):
         if b == self.leader:
             self.silent_since = t
             self._quorum_check(t)  # an isolated leader reaches no majority: it steps down detect_us later
-            self._schedule_election(self._heard_last(t) + self.detect_us + self.vote_us)
+            self._schedule_election(self._election_after_loss(self._heard_last(t)))
         elif self.leader is not None:
             self._quorum_check(t)
 
