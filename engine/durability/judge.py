@@ -25,11 +25,13 @@ import pyarrow as pa
 from engine.durability.episodes import HEAL, RESTART, Episode
 from generators.generate import build_plan, chunk_table, manifest_for
 from generators.model import FaultKind, Faults, Scenario, ScheduledFault
-from replay.events import split_trace_table
 from replay.families import family_of
-from replay.local import replay_local
+from replay.family import Layout
+from replay.local import SplitTrace, replay_local
 from replay.policies import Policy
+from replay.results import PartitionResult
 from schemas.outcomes import Fate, Status
+from schemas.trace import Manifest
 
 US = 1_000_000
 
@@ -105,36 +107,46 @@ def layout_cost(scenario: Scenario, policy: Policy) -> tuple[int, float]:
     return layout.brokers_used, float(layout.replicas_per_message)
 
 
+def episode_trace(base: Scenario, episode: Episode, shape: TraceShape, index: int, seed: int
+                  ) -> tuple[Manifest, pa.Table, list[tuple[float, float]]]:
+    """The episode's trace, generated in-process, and its compressed gaps (`episode_scenario`)."""
+    scenario, gaps = episode_scenario(base, episode, shape, index)
+    plan = build_plan(scenario, seed, 1.0)
+    table = pa.concat_tables([chunk_table(plan, c)[0] for c in range(plan.n_chunks)])
+    return manifest_for(plan), table, gaps
+
+
+def verdict(policy: Policy, layout: Layout, results: Sequence[PartitionResult], gaps: list[tuple[float, float]],
+            scale: float) -> Verdict:
+    """One policy's verdict from its units' replay results (`layout.units` order); `scale`: real messages per
+    trace message."""
+    fam = family_of(policy)
+    acked_lost = failed_committed = 0
+    unavailable_us = 0.0
+    partitions = 0
+    for u, res in zip(layout.units, results, strict=True):
+        parts = len(fam.partitions_of(policy, layout, u))
+        partitions += parts
+        status, fate = res.messages.records.status, res.messages.fate
+        committed = fate == Fate.COMMITTED
+        acked_lost += int(((status == Status.ACKED) & ~committed).sum())
+        failed_committed += int(((status == Status.FAILED) & committed).sum())
+        spans = np.array(res.unavailable, dtype=np.int64).reshape(-1, 2)
+        unavailable_us += float(np.clip(spans[:, 1] - spans[:, 0], 0, None).sum()) * parts
+        for end_s, missing_s in gaps:
+            at = int(end_s * US) - 1
+            if len(spans) and bool(((spans[:, 0] <= at) & (at < spans[:, 1])).any()):
+                unavailable_us += missing_s * US * parts
+    return Verdict(acked_lost > 0, acked_lost * scale, unavailable_us / US / max(partitions, 1),
+                   failed_committed * scale)
+
+
 def judge_episode(base: Scenario, episode: Episode, policies: Sequence[Policy], shape: TraceShape, index: int,
                   seed: int, real_rate_per_s: float) -> list[Verdict]:
     """Generate the episode's trace in-process and replay it under every policy (same trace for all)."""
-    scenario, gaps = episode_scenario(base, episode, shape, index)
-    plan = build_plan(scenario, seed, 1.0)
-    manifest = manifest_for(plan)
-    table = pa.concat_tables([chunk_table(plan, c)[0] for c in range(plan.n_chunks)])
+    manifest, table, gaps = episode_trace(base, episode, shape, index, seed)
     scale = real_rate_per_s / shape.trace_rate_per_s
-    split = split_trace_table(table)  # policy-free: once per episode, not once per policy
-    out = []
-    for policy in policies:
-        fam = family_of(policy)
-        layout = fam.layout(policy, manifest)
-        results = replay_local(policy, manifest, table, engine="kernel", split=split)
-        acked_lost = failed_committed = 0
-        unavailable_us = 0.0
-        partitions = 0
-        for u, res in zip(layout.units, results, strict=True):
-            parts = len(fam.partitions_of(policy, layout, u))
-            partitions += parts
-            status, fate = res.messages.records.status, res.messages.fate
-            committed = fate == Fate.COMMITTED
-            acked_lost += int(((status == Status.ACKED) & ~committed).sum())
-            failed_committed += int(((status == Status.FAILED) & committed).sum())
-            spans = np.array(res.unavailable, dtype=np.int64).reshape(-1, 2)
-            unavailable_us += float(np.clip(spans[:, 1] - spans[:, 0], 0, None).sum()) * parts
-            for end_s, missing_s in gaps:
-                at = int(end_s * US) - 1
-                if len(spans) and bool(((spans[:, 0] <= at) & (at < spans[:, 1])).any()):
-                    unavailable_us += missing_s * US * parts
-        out.append(Verdict(acked_lost > 0, acked_lost * scale, unavailable_us / US / max(partitions, 1),
-                           failed_committed * scale))
-    return out
+    split = SplitTrace(table)  # policy-free, and shares routing and units between policies: once per episode
+    return [verdict(policy, family_of(policy).layout(policy, manifest),
+                    replay_local(policy, manifest, table, engine="kernel", split=split), gaps, scale)
+            for policy in policies]

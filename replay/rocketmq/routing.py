@@ -106,13 +106,11 @@ def route_model(policy: Policy, manifest: Manifest, control: PartitionEvents) ->
 def java_string_hashcode(keys: list[str | None]) -> np.ndarray:
     """Java `String.hashCode()` (UTF-16 code units, int32 wrap-around) of each key."""
     out = np.zeros(len(keys), dtype=np.int32)
-    with np.errstate(over="ignore"):
-        for i, key in enumerate(keys):  # keys are short; per-key loop over code units
-            h = np.int32(0)
-            units = np.frombuffer((key or "").encode("utf-16-le"), dtype="<u2").astype(np.int32)
-            for u in units:
-                h = np.int32(h * np.int32(31) + u)
-            out[i] = h
+    for i, key in enumerate(keys):  # keys are short; per-key loop over code units, in Python ints mod 2^32
+        h = 0
+        for u in np.frombuffer((key or "").encode("utf-16-le"), dtype="<u2").tolist():
+            h = (31 * h + u) & 0xFFFFFFFF
+        out[i] = h - (1 << 32) if h >= 1 << 31 else h
     return out
 
 
