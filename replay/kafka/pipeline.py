@@ -1,0 +1,191 @@
+"""The producer's side of an acknowledgement (SPEC §3.7 K-6, K-7), shared by both `kafka` engines.
+
+The engines decide each message's fate and the instant the leader could answer it as if the client sent every
+message the moment it was produced. This module turns that instant into the one the application sees:
+
+- K-7 (acks=0, acks=1): the batch leaves linger_ms after the message and the answer comes back one round trip
+  (manifest `client_round_trip_us`) after the leader's append; acks=0 counts a message as sent when its batch leaves.
+- K-6 (acks=all): the client's per-connection pipeline. The broker serves one request per connection at a time
+  (`SocketServer` mutes the channel until the response is sent) and an acks=all request is answered at the first
+  instant every ISR follower has fetched past its records (`DelayedProduce`, `Partition.maybeIncrementLeaderHW`).
+  The followers fetch all partitions of one leader in one request, so every partition of that leader sees the same
+  fetch instants: the trace's `replicate` events of this partition. A partition's next request is read once the
+  connection's previous ones are answered; with P_b partitions led by the broker and `partitions_per_request`
+  partitions per request, ceil(P_b / partitions_per_request) requests take turns, one fetch cycle each, whenever
+  the partition has more waiting (all partitions are taken to be loaded alike).
+
+The pass is the same for both engines: the reference interpreter runs `plan_requests` (readable Python), the
+kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential tests hold them equal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from replay.events import PartitionEvents
+from replay.policies import Acks, KafkaPolicy
+from replay.results import MessageRecords, StateRow
+from schemas.outcomes import NULL_US, Error, Status
+from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Kind
+from schemas.units import MS
+
+#: No fetch cycle answers the request (no leader, or a follower never fetches again): the engine's instant stands.
+NEVER = np.iinfo(np.int64).max
+
+
+def leaders_on_broker(replicas: Mapping[int, Sequence[int]]) -> dict[int, int]:
+    """P_b of SPEC §3.7 K-6: how many partitions each broker leads in the layout (its preferred leaders)."""
+    counts: dict[int, int] = {}
+    for reps in replicas.values():
+        counts[reps[0]] = counts.get(reps[0], 0) + 1
+    return counts
+
+
+@dataclass
+class ClientPipeline:
+    """What the pass needs of one partition: the policy's client settings, P_b, the round trip, and the
+    partition's produce sizes and follower fetches as the engine sees them (chunk by chunk for the kernel)."""
+
+    policy: KafkaPolicy
+    replicas: tuple[int, ...]
+    leaders_on_broker: Mapping[int, int] | None = None
+    round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US
+    msg: list[np.ndarray] = field(default_factory=list)
+    size: list[np.ndarray] = field(default_factory=list)
+    fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        """Requests that take turns on the leader's connection while every partition has data waiting."""
+        p_b = (self.leaders_on_broker or {}).get(self.replicas[0], 1)
+        per = self.policy.partitions_per_request
+        return 1 if per is None else max(1, math.ceil(p_b / per))
+
+    @property
+    def gap_us(self) -> int:
+        """With one request in flight the broker idles a round trip between two requests of the connection."""
+        return self.round_trip_us if self.policy.max_in_flight_requests_per_connection == 1 else 0
+
+    def observe(self, ev: PartitionEvents) -> None:
+        self.msg.append(ev.produce_msg)
+        self.size.append(ev.produce_size)
+        rep = ev.broker_kind == int(Kind.REPLICATE)
+        self.fetch.append((ev.broker_ts[rep], ev.broker_id[rep], ev.broker_upto[rep]))
+
+    def inputs(self, rec: MessageRecords, rows: Sequence[StateRow]) -> tuple:
+        """The arrays `plan_requests` takes: messages in produce order, fetches by follower, the ISR timeline."""
+        order = np.lexsort((rec.msg_id, rec.produce_us))
+        msg = np.concatenate(self.msg) if self.msg else np.zeros(0, np.int64)
+        size = np.concatenate(self.size) if self.size else np.zeros(0, np.int64)
+        by_id = np.argsort(msg, kind="stable")
+        sizes = size[by_id][np.searchsorted(msg[by_id], rec.msg_id[order])]
+        ok = rec.status[order] == int(Status.ACKED)
+        nrep = len(self.replicas)
+        ts = np.concatenate([f[0] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
+        who = np.concatenate([f[1] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
+        upto = np.concatenate([f[2] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
+        ix = np.full(len(who), nrep, dtype=np.int64)
+        for k, b in enumerate(self.replicas):
+            ix[who == b] = k
+        keep = ix < nrep
+        by_rep = np.lexsort((ts[keep], ix[keep]))
+        f_ts, f_upto, f_ix = ts[keep][by_rep], upto[keep][by_rep], ix[keep][by_rep]
+        f_off = np.searchsorted(f_ix, np.arange(nrep + 1)).astype(np.int64)
+        st_ts = np.array([r.ts_us for r in rows], dtype=np.int64)
+        st_mask = np.array([0 if r.leader is None else sum(1 << self.replicas.index(b) for b in r.isr
+                                                           if b != r.leader and b in self.replicas)
+                            for r in rows], dtype=np.int64)
+        st_led = np.array([r.leader is not None for r in rows], dtype=np.bool_)
+        return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, f_off, f_ts, f_upto, st_ts, st_mask,
+                st_led)
+
+    def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner) -> MessageRecords:
+        """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
+        `plan_requests` or its compiled twin. A message whose answer would come after its delivery timeout fails
+        with request_timeout."""
+        p = self.policy
+        linger = p.linger_ms * MS
+        acked = rec.status == int(Status.ACKED)
+        if p.acks is Acks.ZERO:
+            ack = np.where(acked, rec.ack_us + linger, rec.ack_us)
+        elif p.acks is Acks.ONE:
+            ack = np.where(acked, rec.ack_us + linger + self.round_trip_us, rec.ack_us)
+        else:
+            order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
+            planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
+                              p.batch_size, *rest)
+            ack = rec.ack_us.copy()
+            ack[order] = planned
+        late = acked & (ack > rec.produce_us + p.delivery_timeout_ms * MS)
+        status = np.where(late, np.int8(Status.FAILED), rec.status).astype(rec.status.dtype)
+        error = np.where(late, np.int8(Error.REQUEST_TIMEOUT), rec.error).astype(rec.error.dtype)
+        return replace(rec, status=status, error=error, ack_us=np.where(late, NULL_US, ack))
+
+
+def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:
+    """The first instant after s at which every follower in `mask` has fetched past what was appended at s."""
+    done = s
+    k = 0
+    while mask >> k:
+        if (mask >> k) & 1:
+            j = int(np.searchsorted(f_ts[f_off[k]:f_off[k + 1]], s, side="right")) + int(f_off[k])
+            while j < f_off[k + 1] and f_upto[j] < s:
+                j += 1
+            if j == f_off[k + 1]:
+                return NEVER
+            done = max(done, int(f_ts[j]))
+        k += 1
+    return done
+
+
+def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
+    """`_cycle` with the ISR in force at s (the engine's timeline); NEVER while the partition has no leader."""
+    r = int(np.searchsorted(st_ts, s, side="right")) - 1
+    if r < 0 or not st_led[r]:
+        return NEVER
+    return _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
+
+
+def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, f_off, f_ts, f_upto, st_ts, st_mask,
+                  st_led) -> np.ndarray:
+    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request leaves at
+    s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
+    up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
+    instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
+    wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each."""
+    n = len(prod)
+    out = eng.copy()
+    turn = -NEVER
+    i = 0
+    while i < n:
+        if not ok[i]:
+            i += 1
+            continue
+        s = max(int(prod[i]), turn)
+        j, used, done = i, 0, s
+        while j < n and (j == i or int(prod[j]) <= s):
+            if ok[j]:
+                if j > i and used + int(size[j]) > batch:
+                    break
+                used += int(size[j])
+                done = max(done, int(eng[j]))
+            j += 1
+        cyc = next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+        if cyc != NEVER:
+            done = max(done, cyc)
+        for k in range(i, j):
+            if ok[k]:
+                out[k] = done + linger + rtt
+        i = j
+        turn = done + gap
+        if i < n and int(prod[i]) <= done:
+            for _ in range(turns - 1):
+                x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+                if x == NEVER:
+                    break
+                turn = x + gap
+    return out
