@@ -52,6 +52,7 @@ class ClientPipeline:
 
     policy: KafkaPolicy
     replicas: tuple[int, ...]
+    duration_us: int
     leaders_on_broker: Mapping[int, int] | None = None
     round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US
     msg: list[np.ndarray] = field(default_factory=list)
@@ -106,7 +107,7 @@ class ClientPipeline:
     def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner) -> MessageRecords:
         """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
         `plan_requests` or its compiled twin. A message whose answer would come after its delivery timeout fails
-        with request_timeout."""
+        with request_timeout; one whose answer would come after the trace's end is pending (SPEC §4.1)."""
         p = self.policy
         linger = p.linger_ms * MS
         acked = rec.status == int(Status.ACKED)
@@ -121,9 +122,11 @@ class ClientPipeline:
             ack = rec.ack_us.copy()
             ack[order] = planned
         late = acked & (ack > rec.produce_us + p.delivery_timeout_ms * MS)
-        status = np.where(late, np.int8(Status.FAILED), rec.status).astype(rec.status.dtype)
+        unheard = acked & ~late & (ack > self.duration_us)  # the answer comes after the trace ends: pending
+        status = np.where(late, np.int8(Status.FAILED), rec.status)
+        status = np.where(unheard, np.int8(Status.PENDING), status).astype(rec.status.dtype)
         error = np.where(late, np.int8(Error.REQUEST_TIMEOUT), rec.error).astype(rec.error.dtype)
-        return replace(rec, status=status, error=error, ack_us=np.where(late, NULL_US, ack))
+        return replace(rec, status=status, error=error, ack_us=np.where(late | unheard, NULL_US, ack))
 
 
 def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:

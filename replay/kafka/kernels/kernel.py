@@ -73,7 +73,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
                  round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
         # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied when the partition finishes
-        self.client = ClientPipeline(policy, tuple(replicas), leaders_on_broker, round_trip_us)
+        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
         self.partition = partition
         self.order = tuple(replicas)
         self.ix = {b: i for i, b in enumerate(self.order)}

@@ -74,7 +74,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
                  round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
         # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied in `_finish`
-        self.client = ClientPipeline(policy, tuple(replicas), leaders_on_broker, round_trip_us)
+        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
         self.partition = partition
         self.order = replicas  # assignment order; the first is the preferred leader
         self.duration_us = duration_us
