@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from functools import cache
 from typing import Any
 
 from replay.events import PartitionEvents
@@ -12,6 +13,12 @@ from replay.kafka.routing import kafka_assignment, kafka_route
 from replay.policies import KafkaPolicy
 from replay.results import PartitionResult
 from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Manifest
+
+
+@cache
+def _leaders(partitions: int, replication_factor: int, brokers: tuple[int, ...], assignment) -> dict[int, int]:
+    """P_b per broker, once per layout (the engines ask for every unit)."""
+    return leaders_on_broker(dict(enumerate(kafka_assignment(partitions, replication_factor, brokers, assignment))))
 
 
 class KafkaFamily:
@@ -44,8 +51,8 @@ class KafkaFamily:
     def engine_context(self, policy: KafkaPolicy, manifest: Manifest, control: PartitionEvents) -> dict[str, Any]:
         """What a partition's engines need beyond its own events (`replay/families.py` `engine_context`): P_b, the
         partitions each broker leads in the layout, and the clients' round trip (SPEC §3.7 K-6, K-7)."""
-        layout = self.layout(policy, manifest)
-        return {"leaders_on_broker": leaders_on_broker(layout.replicas),
+        return {"leaders_on_broker": _leaders(policy.partitions, policy.replication_factor, manifest.broker_ids,
+                                              policy.assignment),
                 "round_trip_us": manifest.client_round_trip_us}
 
     def reference(self, policy: KafkaPolicy, unit: int, replicas: tuple[int, ...], events: PartitionEvents,
