@@ -72,37 +72,39 @@ class ClientPipeline:
         return self.round_trip_us if self.policy.max_in_flight_requests_per_connection == 1 else 0
 
     def observe(self, ev: PartitionEvents) -> None:
+        if self.policy.acks is not Acks.ALL:
+            return  # K-7 needs no more than the records
         self.msg.append(ev.produce_msg)
         self.size.append(ev.produce_size)
-        rep = ev.broker_kind == int(Kind.REPLICATE)
-        self.fetch.append((ev.broker_ts[rep], ev.broker_id[rep], ev.broker_upto[rep]))
+        self.fetch.append((ev.broker_ts, ev.broker_kind, ev.broker_id, ev.broker_upto))
 
     def inputs(self, rec: MessageRecords, rows: Sequence[StateRow]) -> tuple:
-        """The arrays `plan_requests` takes: messages in produce order, fetches by follower, the ISR timeline."""
-        order = np.lexsort((rec.msg_id, rec.produce_us))
-        msg = np.concatenate(self.msg) if self.msg else np.zeros(0, np.int64)
-        size = np.concatenate(self.size) if self.size else np.zeros(0, np.int64)
-        by_id = np.argsort(msg, kind="stable")
-        sizes = size[by_id][np.searchsorted(msg[by_id], rec.msg_id[order])]
+        """The arrays `plan_requests` takes: messages in produce order, the broker events as observed (the
+        planner picks each follower's `replicate` events), the ISR timeline at its leader and ISR changes."""
+        # records come in msg_id order, usually also produce order: sort only when they are not
+        order = (np.arange(len(rec.msg_id)) if not len(rec.msg_id) or np.all(np.diff(rec.produce_us) >= 0)
+                 else np.lexsort((rec.msg_id, rec.produce_us)))
+        msg, size = _joined(self.msg, np.int64), _joined(self.size, np.int64)
+        if len(msg) == len(rec.msg_id) and np.array_equal(msg, rec.msg_id[order]):
+            sizes = size  # the produce events in the records' produce order (the common case)
+        else:
+            by_id = np.argsort(msg, kind="stable")
+            sizes = size[by_id][np.searchsorted(msg[by_id], rec.msg_id[order])]
         ok = rec.status[order] == int(Status.ACKED)
-        nrep = len(self.replicas)
-        ts = np.concatenate([f[0] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
-        who = np.concatenate([f[1] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
-        upto = np.concatenate([f[2] for f in self.fetch]) if self.fetch else np.zeros(0, np.int64)
-        ix = np.full(len(who), nrep, dtype=np.int64)
-        for k, b in enumerate(self.replicas):
-            ix[who == b] = k
-        keep = ix < nrep
-        by_rep = np.lexsort((ts[keep], ix[keep]))
-        f_ts, f_upto, f_ix = ts[keep][by_rep], upto[keep][by_rep], ix[keep][by_rep]
-        f_off = np.searchsorted(f_ix, np.arange(nrep + 1)).astype(np.int64)
-        st_ts = np.array([r.ts_us for r in rows], dtype=np.int64)
-        st_mask = np.array([0 if r.leader is None else sum(1 << self.replicas.index(b) for b in r.isr
-                                                           if b != r.leader and b in self.replicas)
-                            for r in rows], dtype=np.int64)
-        st_led = np.array([r.leader is not None for r in rows], dtype=np.bool_)
-        return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, f_off, f_ts, f_upto, st_ts, st_mask,
-                st_led)
+        f_ts, f_kind, f_who, f_upto = (_joined([f[i] for f in self.fetch], dt)
+                                       for i, dt in enumerate((np.int64, np.int8, np.int64, np.int64)))
+        st_ts, st_mask, st_led = [], [], []
+        last = None
+        for r in rows:
+            if last is None or (r.leader, r.isr) != last:
+                last = (r.leader, r.isr)
+                st_ts.append(r.ts_us)
+                st_led.append(r.leader is not None)
+                st_mask.append(0 if r.leader is None else sum(1 << self.replicas.index(b) for b in r.isr
+                                                               if b != r.leader and b in self.replicas))
+        return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, np.array(self.replicas, np.int64),
+                f_ts, f_kind, f_who, f_upto, np.array(st_ts, np.int64), np.array(st_mask, np.int64),
+                np.array(st_led, np.bool_))
 
     def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner) -> MessageRecords:
         """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
@@ -111,22 +113,31 @@ class ClientPipeline:
         p = self.policy
         linger = p.linger_ms * MS
         acked = rec.status == int(Status.ACKED)
-        if p.acks is Acks.ZERO:
-            ack = np.where(acked, rec.ack_us + linger, rec.ack_us)
-        elif p.acks is Acks.ONE:
-            ack = np.where(acked, rec.ack_us + linger + self.round_trip_us, rec.ack_us)
+        if p.acks is not Acks.ALL:
+            ack = rec.ack_us.copy()
+            ack[acked] += linger + (self.round_trip_us if p.acks is Acks.ONE else 0)
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
                               p.batch_size, *rest)
             ack = rec.ack_us.copy()
             ack[order] = planned
-        late = acked & (ack > rec.produce_us + p.delivery_timeout_ms * MS)
-        unheard = acked & ~late & (ack > self.duration_us)  # the answer comes after the trace ends: pending
-        status = np.where(late, np.int8(Status.FAILED), rec.status)
-        status = np.where(unheard, np.int8(Status.PENDING), status).astype(rec.status.dtype)
-        error = np.where(late, np.int8(Error.REQUEST_TIMEOUT), rec.error).astype(rec.error.dtype)
-        return replace(rec, status=status, error=error, ack_us=np.where(late | unheard, NULL_US, ack))
+        timeout = p.delivery_timeout_ms * MS
+        beyond = np.flatnonzero(acked & ((ack > self.duration_us) | (ack - rec.produce_us > timeout)))
+        if not len(beyond):
+            return replace(rec, ack_us=ack)
+        status, error = rec.status.copy(), rec.error.copy()
+        late = ack[beyond] - rec.produce_us[beyond] > timeout
+        status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))  # past the end: pending (§4.1)
+        error[beyond[late]] = int(Error.REQUEST_TIMEOUT)
+        ack[beyond] = NULL_US
+        return replace(rec, status=status, error=error, ack_us=ack)
+
+
+def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:
@@ -153,13 +164,19 @@ def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
     return _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
 
 
-def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, f_off, f_ts, f_upto, st_ts, st_mask,
-                  st_led) -> np.ndarray:
+def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto, st_ts,
+                  st_mask, st_led) -> np.ndarray:
     """SPEC §3.7 K-6, one request at a time, messages in produce order. A request leaves at
     s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
     up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
     wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each."""
+    # each follower's fetches, in time order (the events are), one block per replica
+    fetches = b_kind == int(Kind.REPLICATE)
+    mine = [fetches & (b_who == b) for b in reps]
+    f_ts = np.concatenate([b_ts[m] for m in mine])
+    f_upto = np.concatenate([b_upto[m] for m in mine])
+    f_off = np.concatenate([[0], np.cumsum([int(m.sum()) for m in mine])]).astype(np.int64)
     n = len(prod)
     out = eng.copy()
     turn = -NEVER

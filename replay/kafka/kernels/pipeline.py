@@ -1,23 +1,24 @@
 """The kernel's twin of `replay.kafka.pipeline.plan_requests` (SPEC §3.7 K-6): the same requests, compiled, with
-one forward cursor per follower and one over the timeline instead of a search per request (every instant the
-plan asks about is at or after the previous one)."""
+one forward cursor per follower over the partition's broker events and one over the timeline instead of a split
+and a search per request (every instant the plan asks about is at or after the previous one)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from replay.shared.kernels.arrays import compiled
+from schemas.trace import Kind
 
 _NEVER = np.iinfo(np.int64).max  # numba reads module globals as compile-time constants
+_REPLICATE = int(Kind.REPLICATE)
 
 
 @compiled
-def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, f_off, f_ts, f_upto, st_ts,
-                           st_mask, st_led):
+def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto,
+                           st_ts, st_mask, st_led):
     n = len(prod)
     out = eng.copy()
-    nrep = len(f_off) - 1
-    cur = f_off[:nrep].copy()  # per follower: its first fetch after the last instant asked about
+    cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
     row = np.zeros(1, dtype=np.int64)
     row[0] = -1
     turn = -_NEVER
@@ -37,7 +38,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
                 used += size[j]
                 done = max(done, eng[j])
             j += 1
-        cyc = _next(s, cur, row, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+        cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
         if cyc != _NEVER:
             done = max(done, cyc)
         for k in range(i, j):
@@ -47,7 +48,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
         turn = done + gap
         if i < n and prod[i] <= done:
             for _ in range(turns - 1):
-                x = _next(turn, cur, row, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+                x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
                 if x == _NEVER:
                     break
                 turn = x + gap
@@ -55,7 +56,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
 
 
 @compiled(inline=True)
-def _next(s, cur, row, f_off, f_ts, f_upto, st_ts, st_mask, st_led):
+def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led):
     r = row[0]
     while r + 1 < len(st_ts) and st_ts[r + 1] <= s:
         r += 1
@@ -64,17 +65,19 @@ def _next(s, cur, row, f_off, f_ts, f_upto, st_ts, st_mask, st_led):
         return _NEVER
     mask = st_mask[r]
     done = s
+    m = len(b_ts)
     k = 0
     while (mask >> k) != 0:
         if (mask >> k) & 1:
+            # the answer for a later instant is at or after this one's (it asks ts > s and upto ≥ s of a
+            # larger s), so the cursor only moves forward: linear over the whole plan
+            b = reps[k]
             c = cur[k]
-            while c < f_off[k + 1] and f_ts[c] <= s:
+            while c < m and (b_ts[c] <= s or b_kind[c] != _REPLICATE or b_who[c] != b or b_upto[c] < s):
                 c += 1
             cur[k] = c
-            while c < f_off[k + 1] and f_upto[c] < s:
-                c += 1
-            if c == f_off[k + 1]:
+            if c == m:
                 return _NEVER
-            done = max(done, f_ts[c])
+            done = max(done, b_ts[c])
         k += 1
     return done
