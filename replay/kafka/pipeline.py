@@ -82,8 +82,8 @@ class ClientPipeline:
         """The arrays `plan_requests` takes: messages in produce order, the broker events as observed (the
         planner picks each follower's `replicate` events), the ISR timeline at its leader and ISR changes."""
         # records come in msg_id order, usually also produce order: sort only when they are not
-        order = (np.arange(len(rec.msg_id)) if not len(rec.msg_id) or np.all(np.diff(rec.produce_us) >= 0)
-                 else np.lexsort((rec.msg_id, rec.produce_us)))
+        sorted_ = not len(rec.msg_id) or bool(np.all(rec.produce_us[1:] >= rec.produce_us[:-1]))
+        order = slice(None) if sorted_ else np.lexsort((rec.msg_id, rec.produce_us))
         msg, size = _joined(self.msg, np.int64), _joined(self.size, np.int64)
         if len(msg) == len(rec.msg_id) and np.array_equal(msg, rec.msg_id[order]):
             sizes = size  # the produce events in the records' produce order (the common case)
@@ -120,8 +120,11 @@ class ClientPipeline:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
                               p.batch_size, *rest)
-            ack = rec.ack_us.copy()
-            ack[order] = planned
+            if isinstance(order, slice):
+                ack = planned
+            else:
+                ack = rec.ack_us.copy()
+                ack[order] = planned
         timeout = p.delivery_timeout_ms * MS
         beyond = np.flatnonzero(acked & ((ack > self.duration_us) | (ack - rec.produce_us > timeout)))
         if not len(beyond):
