@@ -112,10 +112,9 @@ class ClientPipeline:
         with request_timeout; one whose answer would come after the trace's end is pending (SPEC §4.1)."""
         p = self.policy
         linger = p.linger_ms * MS
-        acked = rec.status == int(Status.ACKED)
         if p.acks is not Acks.ALL:
-            ack = rec.ack_us.copy()
-            ack[acked] += linger + (self.round_trip_us if p.acks is Acks.ONE else 0)
+            ack = rec.ack_us.copy()  # set exactly where the message is acknowledged
+            np.add(ack, linger + (self.round_trip_us if p.acks is Acks.ONE else 0), out=ack, where=ack != NULL_US)
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
@@ -126,7 +125,7 @@ class ClientPipeline:
                 ack = rec.ack_us.copy()
                 ack[order] = planned
         timeout = p.delivery_timeout_ms * MS
-        beyond = np.flatnonzero(acked & ((ack > self.duration_us) | (ack - rec.produce_us > timeout)))
+        beyond = np.flatnonzero((ack > self.duration_us) | (ack - rec.produce_us > timeout))  # NULL_US is neither
         if not len(beyond):
             return replace(rec, ack_us=ack)
         status, error = rec.status.copy(), rec.error.copy()
