@@ -106,15 +106,23 @@ class ClientPipeline:
                 f_ts, f_kind, f_who, f_upto, np.array(st_ts, np.int64), np.array(st_mask, np.int64),
                 np.array(st_led, np.bool_))
 
-    def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner) -> MessageRecords:
+    def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner, shifter=None) -> MessageRecords:
         """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
-        `plan_requests` or its compiled twin. A message whose answer would come after its delivery timeout fails
-        with request_timeout; one whose answer would come after the trace's end is pending (SPEC §4.1)."""
+        `plan_requests` or its compiled twin, `shifter` the kernel's one-pass K-7 (`shift_acks_compiled`). A
+        message whose answer would come after its delivery timeout fails with request_timeout; one whose answer
+        would come after the trace's end is pending (SPEC §4.1)."""
         p = self.policy
         linger = p.linger_ms * MS
+        timeout = p.delivery_timeout_ms * MS
         if p.acks is not Acks.ALL:
+            delay = linger + (self.round_trip_us if p.acks is Acks.ONE else 0)
+            if shifter is not None:  # the kernel's records are views of its own columns: changed on copies
+                ack, status, error = rec.ack_us.copy(), rec.status.copy(), rec.error.copy()
+                shifter(ack, rec.produce_us, status, error, delay, self.duration_us, timeout, int(Status.FAILED),
+                        int(Status.PENDING), int(Error.REQUEST_TIMEOUT))
+                return replace(rec, status=status, error=error, ack_us=ack)
             ack = rec.ack_us.copy()  # set exactly where the message is acknowledged
-            np.add(ack, linger + (self.round_trip_us if p.acks is Acks.ONE else 0), out=ack, where=ack != NULL_US)
+            np.add(ack, delay, out=ack, where=ack != NULL_US)
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
@@ -124,13 +132,17 @@ class ClientPipeline:
             else:
                 ack = rec.ack_us.copy()
                 ack[order] = planned
-        timeout = p.delivery_timeout_ms * MS
+        return self.settle(rec, ack, timeout)
+
+    def settle(self, rec: MessageRecords, ack: np.ndarray, timeout: int) -> MessageRecords:
+        """An answer after the delivery timeout fails the message (request_timeout); one after the trace's end
+        leaves it pending (SPEC §4.1)."""
         beyond = np.flatnonzero((ack > self.duration_us) | (ack - rec.produce_us > timeout))  # NULL_US is neither
         if not len(beyond):
             return replace(rec, ack_us=ack)
         status, error = rec.status.copy(), rec.error.copy()
         late = ack[beyond] - rec.produce_us[beyond] > timeout
-        status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))  # past the end: pending (§4.1)
+        status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))
         error[beyond[late]] = int(Error.REQUEST_TIMEOUT)
         ack[beyond] = NULL_US
         return replace(rec, status=status, error=error, ack_us=ack)

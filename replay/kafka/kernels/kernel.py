@@ -36,7 +36,7 @@ from replay.kafka.kernels.common import (
 )
 from replay.kafka.kernels.control import KafkaControl
 from replay.kafka.kernels.outputs import KafkaOutputs
-from replay.kafka.kernels.pipeline import plan_requests_compiled
+from replay.kafka.kernels.pipeline import plan_requests_compiled, shift_acks_compiled
 from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, Durability, Flush, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
@@ -213,7 +213,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             m, e, o = self.extra["msg"], self.extra["epoch"], self.extra["offset"]
             order = np.lexsort((o, e, m))
             records.extra_positions = np.stack([m[order], e[order], o[order]], axis=1)
-        records = self.client.apply(records, rows, plan_requests_compiled)
+        records = self.client.apply(records, rows, plan_requests_compiled, shift_acks_compiled)
         result = PartitionResult(self.partition, judge(records, view), rows,
                                  merge_intervals(self.timeline.unavail), self.replication_bytes)
         result.view = view  # type: ignore[attr-defined]

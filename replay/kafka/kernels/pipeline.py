@@ -81,3 +81,22 @@ def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led
             done = max(done, b_ts[c])
         k += 1
     return done
+
+
+@compiled
+def shift_acks_compiled(ack, produce, status, error, delay, duration, timeout, failed, pending, request_timeout):
+    """SPEC §3.7 K-7 in one pass, in place: every acknowledgement `delay` later; one that comes after the
+    delivery timeout fails (request_timeout), one after the trace's end is pending (`ClientPipeline.settle`)."""
+    for r in range(len(ack)):
+        if ack[r] < 0:
+            continue
+        a = ack[r] + delay
+        if a - produce[r] > timeout:
+            ack[r] = -1
+            status[r] = failed
+            error[r] = request_timeout
+        elif a > duration:
+            ack[r] = -1
+            status[r] = pending
+        else:
+            ack[r] = a
