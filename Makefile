@@ -47,8 +47,9 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow and not testbed" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m "slow and testbed" $(PYTEST_ARGS)
 
-# SPEC §12: every testbed-* scenario on a real Kafka cluster (root, Java, Maven on the first run), then the
-# README's agreement table. About 4 minutes per scenario on two cores.
+# SPEC §12: every scenario of pipelines/testbed_job.py's SUITE (testbed-* on a real Kafka cluster, testbed-rmq-* on a
+# real RocketMQ one; root, Java, Maven on the first run), then the README's agreement table. About 4 minutes per
+# scenario on two cores.
 testbed: $(STAMP)
 	$(PY) -m pipelines.testbed_job $(TESTBED_ARGS)
 

@@ -167,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its trace, compare")
     t.add_argument("--scenario", required=True, metavar="NAME|FILE.yaml", help="e.g. testbed-leader-crash")
     t.add_argument("--policy", required=True, action="append", metavar="SPEC",
-                   help="a Kafka or a dledger policy; repeat for several of one kind (one cluster, one topic and "
-                   "producer each)")
+                   help="a Kafka, dledger, rocketmq or rocketmq-controller policy; repeat for several of one kind "
+                   "and one cluster layout (one topic and producer each)")
     t.add_argument("--out", required=True, metavar="DIR", help="DIR/trace/ and DIR/comparison.json")
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
     t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")

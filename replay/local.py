@@ -33,11 +33,14 @@ def control_events(events: PartitionEvents) -> PartitionEvents:
                            events.broker_upto[keep])
 
 
-def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[dict[int, PartitionEvents], dict]:
-    """Events of every replay unit of `policy`, and the routing (msg_id -> partition) for outputs."""
+def unit_events(policy: Policy, manifest: Manifest, table: pa.Table,
+                split: tuple[dict[str, np.ndarray], PartitionEvents] | None = None
+                ) -> tuple[dict[int, PartitionEvents], dict]:
+    """Events of every replay unit of `policy`, and the routing (msg_id -> partition) for outputs. `split`:
+    `split_trace_table(table)` when the caller replays the same trace under several policies (it is policy-free)."""
     fam = family_of(policy)
     layout = fam.layout(policy, manifest)
-    produce, broker_events = split_trace_table(table)
+    produce, broker_events = split if split is not None else split_trace_table(table)
     keys = pa.array(list(produce["key"]), pa.string())
     routed = fam.route(policy, manifest, layout, control_events(broker_events),
                        RouteInput(produce["ts_us"], msg_rank(produce["msg_id"]), keys))
@@ -58,13 +61,15 @@ def unit_events(policy: Policy, manifest: Manifest, table: pa.Table) -> tuple[di
 
 
 def replay_local(policy: Policy, manifest: Manifest, table: pa.Table, engine: str = "kernel",
-                 chunks: list[int] | None = None) -> list[PartitionResult]:
+                 chunks: list[int] | None = None,
+                 split: tuple[dict[str, np.ndarray], PartitionEvents] | None = None) -> list[PartitionResult]:
     """Replay every unit of a trace with the reference interpreter or the vectorized kernel.
 
     `chunks`: time cut points; the kernel then advances chunk by chunk with carried state (SPEC §10 scale).
+    `split`: see `unit_events`.
     """
     fam = family_of(policy)
-    events, info = unit_events(policy, manifest, table)
+    events, info = unit_events(policy, manifest, table, split)
     layout, context = info["layout"], info["context"]
     results = []
     for u in layout.units:

@@ -289,6 +289,11 @@ class RocketMQPolicy(Policy):
                                             source="MessageStoreConfig.flushCommitLogThoroughInterval")
     slave_timeout_ms: int = param(3000, "SYNC_MASTER wait before FLUSH_SLAVE_TIMEOUT", unit="ms", minimum=1,
                                   source="MessageStoreConfig.slaveTimeout (CommitLog.handleHA; docs say 5 s ⚠)")
+    slave_not_available: bool = param(True, "SYNC_MASTER answers SLAVE_NOT_AVAILABLE at once when too few slaves "
+                                      "are usable (4.x); false: 5.x, which has no such check, waits "
+                                      "slave_timeout_ms and answers FLUSH_SLAVE_TIMEOUT (SPEC §3.7 R-6)",
+                                      source="4.x CommitLog.handleHA (HAService.isSlaveOK); 5.x "
+                                      "GroupTransferService.doWaitTransfer")
     retry_times_when_send_failed: int = param(2, "extra attempts on other broker groups", minimum=0,
                                               maximum=16, source="DefaultMQProducer.retryTimesWhenSendFailed")
     ordered: bool = param(False, "MessageQueueSelector by key hash: one attempt, no failover",

@@ -10,8 +10,9 @@ families read as "seconds of a whole-topic outage": a DLedger group's outage cou
 
 RocketMQ clients learn a new DLedger leader from their route, polled every 30 s from 0 (SPEC §3.7 R-1; a poll
 that finds no master leaves the route empty and sends fetch it again until the new leader registers, R-5), so the
-DLedger outage depends on where the failure falls between two polls: the phase table replays the same trace
-shifted by 0, 2, …, 28 s (failures at 60 + s s) and gives the best, worst and mean topic outage. Outages depend
+DLedger outage depends on where the failure falls between two polls: the phase table replays the same trace with
+the producers' polls moved (the manifest's `route_poll_phase_us`, SPEC §2) so that the failures fall 0, 2, …,
+28 s after a poll, and gives the best, worst and mean topic outage. Outages depend
 on the fault timeline only, so the phase sweep keeps every k-th produce and report (`--phase-thin`; the library
 scale would shrink the timeline too).
 """
@@ -93,13 +94,12 @@ def figures(policy_text: str, manifest, table) -> Figures:
 POLL_PHASES_S = tuple(range(0, 30, 2))
 
 
-def shifted(manifest, table: pa.Table, shift_us: int):
-    """The same trace `shift_us` later (every event time and report bound), so its failures fall at another
-    phase of the route poll."""
-    for name in ("ts_us", "upto_us"):
-        col = table.column(name)
-        table = table.set_column(table.schema.get_field_index(name), name, pc.add(col, pa.scalar(shift_us, col.type)))
-    return dataclasses.replace(manifest, duration_us=manifest.duration_us + shift_us), table
+def polled_before(manifest, table: pa.Table, since_poll_s: int, period_ms: int):
+    """The same trace with the producers' route polls (every `period_ms`) moved (SPEC §2 `route_poll_phase_us`)
+    so that each instant of the trace falls `since_poll_s` seconds later after its last poll than with polls
+    from 0."""
+    period_us = period_ms * 1000
+    return dataclasses.replace(manifest, route_poll_phase_us=(-since_poll_s * 1_000_000) % period_us), table
 
 
 def thinned(table: pa.Table, every: int) -> pa.Table:
@@ -111,8 +111,10 @@ def thinned(table: pa.Table, every: int) -> pa.Table:
 
 
 def poll_phase_outages(policy_text: str, manifest, table, phases_s=POLL_PHASES_S) -> dict[int, float]:
-    """Topic outage (s) of `policy_text` with the trace shifted by each phase (s)."""
-    return {s: figures(policy_text, *shifted(manifest, table, s * 1_000_000)).topic_outage_s for s in phases_s}
+    """Topic outage (s) of `policy_text` with the failures falling each phase (s) after a route poll."""
+    period_ms = parse_policy(policy_text).route_refresh_ms
+    return {s: figures(policy_text, *polled_before(manifest, table, s, period_ms)).topic_outage_s
+            for s in phases_s}
 
 
 def phase_row(name: str, policy_text: str, outages: dict[int, float]) -> str:
@@ -143,10 +145,10 @@ def main() -> None:
         print(table_rows(f"{name} (seed {args.seed}, {table.num_rows} events)",
                          [figures(p, manifest, table) for p in POLICIES]))
         print()
-    print(f"### DLedger topic outage (s) over the route-poll phase (trace shifted by s seconds; every "
+    print(f"### DLedger topic outage (s) over the route-poll phase (failures s seconds after a poll; every "
           f"{args.phase_thin}th produce and report)")
     print()
-    print("| trace | policy | best | worst | mean | by shift s |")
+    print("| trace | policy | best | worst | mean | by s since the last poll |")
     print("|---|---|---|---|---|---|")
     for name in SCENARIOS:
         manifest, table = load_trace(name, args.seed, args.scale)

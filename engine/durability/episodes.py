@@ -9,26 +9,33 @@ identically distributed given their initial process (regeneration), and a yearly
 Inside an episode further faults arrive as Poisson processes on the units still healthy (a broker that is up
 and reachable, a rack or the cluster not already dark), while repairs run on their own clocks (recovery times
 are drawn from the model as they are). The dangerous episodes are those where faults pile up before repairs,
-which are rare: the sampler raises the failure rates while something is broken, **balanced failure biasing**
-in its form for general (non-exponential) repair times (Shahabuddin 1994, "Importance sampling for the
-simulation of highly reliable Markovian systems", Management Science 40(3); Nicola, Shahabuddin & Nakayama
-2001, "Techniques for fast simulation of models of highly dependable systems", IEEE Trans. Reliability
-50(3)): with τ the model's mean recovery time of the episode's initial fault, a failure process of rate
-c / (τ + t) is added at time t of the episode (c = log2(1 / (1 − q)): another fault within the first τ with
-probability q), its faults spread evenly over the m units that can fail (each unit's rate is
-λ_i + c / ((τ + t)·m): "balanced"), for the episode's first `max_biased_faults` faults and at most
-`horizon`·τ; then the model's rates alone. The added rate decays with the episode's age, so the likelihood
-ratio's time factor exp(∫ added rate) = (1 + t/τ)^c grows only polynomially with the episode's length: a
-constant added rate makes it exponential, and then long episodes (where losses live) carry weights a thousand
-times those of short ones, while cutting the biasing at a short horizon lets the few faults that strike after
-it (sampled at the model's rate, so with a likelihood ratio near 1) dominate the estimate. Both showed as
-intervals that missed the exact Markov answer far more often than 5 % (tests/test_durability_estimator.py).
-The rates depend only on the past, so the likelihood ratio of the Poisson processes is
-Π (λ_i / λ'_i)^{n_i} · exp(−∫(Λ − Λ')dt); every jump factor is at most 1, so every likelihood ratio is at
-most (1 + horizon)^c (`Biasing.max_weight`).
+which are rare. The sampler uses **failure biasing with forcing** in its form for general repair times
+(Shahabuddin 1994, "Importance sampling for the simulation of highly reliable Markovian systems", Management
+Science 40(3); Nicola, Shahabuddin & Nakayama 2001, "Techniques for fast simulation of models of highly
+dependable systems", IEEE Trans. Reliability 50(3)): at each of the episode's first `max_biased_steps` decision
+points (after every event, while fewer than `max_biased_faults` faults struck), with r the time to the next
+repair event and p = 1 − exp(−Λr) the model's chance of a fault before it, a fault is forced before r with
+chance q_s = min(cap, a·p) (never below p), at the model's time law conditioned on [0, r); its unit is drawn
+half uniformly over the m units that can fail ("balanced": a rare but dangerous disk loss is as likely as a
+crash) and half in proportion to the model's rates. The scale a = q / (1 − exp(−Λ τ)), τ the model's mean
+recovery time of the initial fault, is fixed per episode, so that every forced fault below the cap has the
+same likelihood ratio p / q_s = 1 / a. That is what L'Ecuyer & Tuffin's zero-variance approximation for
+highly reliable systems ("Approximating zero-variance importance sampling in a reliability setting", Annals of
+Operations Research 189, 2011) asks of paths to a loss made of the same number of rare faults: their weights
+are nearly equal, so the estimate's variance is that of counting them. Forcing with a fixed chance instead
+(the textbook form for exponential repairs) makes a fault's ratio proportional to r, and a losing episode's
+weight a product of repair times: in the Markov check below the losing weights then spread over five orders
+of magnitude and the intervals covered the exact value in only 89-91 % of repetitions. Biasing stops after
+the first faults (beyond them a loss is already decided or needs more faults than the model makes likely),
+so faults after a loss do not multiply the weight. Each biased step's ratio is at most 1 / (1 − cap) (no fault)
+or 1 / (1 − balance) (a fault: p / q_s ≤ 1), every other step's is 1, which bounds every likelihood ratio
+(`Biasing.max_weight`).
 
-The likelihood ratio is kept as sufficient statistics (per process: faults inside the episode and unit-seconds
-exposed), so the same episodes re-weight exactly to any other per-year rates (`log_p`), the sensitivity.
+The biased choices depend only on the past, so an episode's likelihood ratio is its density under the model,
+Π λ_i^{n_i} · exp(−Σ λ_i·exposure_i), over its density under the sampler (`log_q`, the product of the chances
+and conditional densities drawn). The model's part is kept as sufficient statistics (per process: faults
+inside the episode and unit-seconds exposed), so the same episodes re-weight exactly to any other per-year
+rates (`log_p`), the sensitivity.
 Recovery times re-weight too (`recovery_log_ratio`): each lognormal or exponential recovery time is drawn
 unclipped and then clipped to the process's [min, max], and the episode keeps, per process, the count, the sum
 and the sum of logs of the unclipped draws; "recovery times × f" is then the same law with its scale (median or
@@ -59,22 +66,22 @@ _DOWN_LABEL = {"crash": CRASH, "power_loss": POWER, "disk_loss": DISK}
 
 @dataclass(frozen=True)
 class Biasing:
-    """Balanced failure biasing's knobs. q = 0 turns biasing off (plain Monte Carlo)."""
+    """Balanced failure biasing with forcing (see the module docstring). q = 0 turns biasing off (plain MC)."""
 
-    q: float = 0.5
-    horizon: float = 1000.0  # biased time, in mean recovery times of the initial fault
-    max_biased_faults: int = 4
+    q: float = 2.0  # a = q / p̄: biased chance of a fault before the next repair = a × the model's, at most `cap`
+    cap: float = 0.8
+    balance: float = 0.5  # share of a forced fault's unit chosen uniformly (the rest in proportion to its rate)
+    max_biased_steps: int = 4  # biased decision points per episode; then the model's law alone
+    max_biased_faults: int = 2
     max_faults: int = 32  # a safety stop; an episode reaching it is counted as truncated
 
     @property
-    def strength(self) -> float:
-        """c of the added failure rate c / (τ + t): another fault within the first τ with probability q."""
-        return 0.0 if self.q <= 0 else -math.log1p(-self.q) / math.log(2.0)
-
-    @property
     def max_weight(self) -> float:
-        """Largest likelihood ratio the scheme can give an episode (see the module docstring)."""
-        return (1.0 + self.horizon) ** self.strength
+        """Largest likelihood ratio the scheme can give an episode: each biased step multiplies it by at most
+        1 / (1 − cap) (no fault) or 1 / (1 − balance) (a forced fault), every other step by 1."""
+        if self.q <= 0:
+            return 1.0
+        return max(1.0 / (1.0 - self.cap), 1.0 / (1.0 - self.balance)) ** self.max_biased_steps
 
 
 @dataclass
@@ -300,9 +307,9 @@ class EpisodeSampler:
         self._apply(c, initial, unit, 0.0, rng, queue, events, seq)
         t, faults, max_down, truncated = 0.0, 0, c.down(), False
         bias = self.biasing
+        biased_steps = 0
         tau = self.mean_recovery_s(initial)
-        strength = bias.strength
-        biased_until = bias.horizon * tau
+        scale = 0.0  # a: biased chance of a fault = a × the model's (set at the first step)
         while queue:
             while queue and queue[0][0] <= t:
                 _, _, action = heapq.heappop(queue)
@@ -313,23 +320,36 @@ class EpisodeSampler:
             slots = self._slots(c)
             lam = np.array([self.per_second[i] for i, _ in slots])
             total = float(lam.sum())
-            biased = strength > 0 and faults < bias.max_biased_faults and t < biased_until and bool(slots)
-            dt = rng.exponential(1.0 / total) if total > 0 else math.inf
-            if biased:
-                r = min(r, biased_until - t)  # the rates change at the horizon: a stretch ends there
-                # the added process, rate strength / (τ + s), superposed: its next event after t
-                dt = min(dt, (tau + t) * math.expm1(rng.exponential() / strength))
+            p_fault = -math.expm1(-total * r)  # the model's chance of a fault before the next repair event
+            if scale == 0.0 and total > 0:
+                scale = max(1.0, bias.q / -math.expm1(-total * tau))
+            if (bias.q > 0 and p_fault > 0 and biased_steps < bias.max_biased_steps
+                    and faults < bias.max_biased_faults):
+                # forcing: a fault before r with chance q_s, at the model's time law conditioned on [0, r)
+                biased_steps += 1
+                q_s = max(p_fault, min(bias.cap, scale * p_fault))
+                if rng.random() < q_s:
+                    dt = -math.log1p(-rng.random() * p_fault) / total
+                    choice = (1.0 - bias.balance) * lam / total + bias.balance / len(slots)
+                    k = int(rng.choice(len(slots), p=choice))
+                    log_q += math.log(q_s) + math.log(total) - total * dt - math.log(p_fault) + math.log(choice[k])
+                else:
+                    dt = math.inf
+                    log_q += math.log1p(-q_s)
+            else:
+                dt = rng.exponential(1.0 / total) if total > 0 else math.inf
+                k = -1
+                step = min(dt, r)
+                log_q -= total * step
+                if dt < r and faults < bias.max_faults:
+                    k = int(rng.choice(len(slots), p=lam / total))
+                    log_q += math.log(lam[k])
             step = min(dt, r)
             for i, _ in slots:
                 exposure[i] += step
-            log_q -= total * step + (strength * math.log1p(step / (tau + t)) if biased else 0.0)
             if dt < r and faults < bias.max_faults:
                 t += dt
-                extra = strength / (tau + t) / len(slots) if biased else 0.0
-                lam_q = lam + extra
-                k = int(rng.choice(len(slots), p=lam_q / lam_q.sum()))
                 proc, unit = slots[k]
-                log_q += math.log(lam_q[k])
                 counts[proc] += 1
                 faults += 1
                 self._apply(c, proc, unit, t, rng, queue, events, seq)

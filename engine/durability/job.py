@@ -109,9 +109,9 @@ class DurabilityReport:
 
 def method_text(spec: DurabilitySpec) -> str:
     b = spec.biasing
-    return (f"regenerative episodes stratified by initial fault; balanced failure biasing q={b.q:g}, "
-            f"horizon {b.horizon:g} mean repairs, {b.max_biased_faults} biased faults; traces compressed to gaps "
-            f"<= {spec.shape.max_gap_s:g} s at {spec.shape.trace_rate_per_s:g} msg/s")
+    return (f"regenerative episodes stratified by initial fault; failure biasing with forcing q={b.q:g}, "
+            f"cap {b.cap:g}, {b.max_biased_faults} biased faults in {b.max_biased_steps} steps; "
+            f"traces compressed to gaps <= {spec.shape.max_gap_s:g} s at {spec.shape.trace_rate_per_s:g} msg/s")
 
 
 def durability_id_for(spec: DurabilitySpec) -> str:

@@ -25,6 +25,7 @@ import pyarrow as pa
 from engine.durability.episodes import HEAL, RESTART, Episode
 from generators.generate import build_plan, chunk_table, manifest_for
 from generators.model import FaultKind, Faults, Scenario, ScheduledFault
+from replay.events import split_trace_table
 from replay.families import family_of
 from replay.local import replay_local
 from replay.policies import Policy
@@ -112,11 +113,12 @@ def judge_episode(base: Scenario, episode: Episode, policies: Sequence[Policy], 
     manifest = manifest_for(plan)
     table = pa.concat_tables([chunk_table(plan, c)[0] for c in range(plan.n_chunks)])
     scale = real_rate_per_s / shape.trace_rate_per_s
+    split = split_trace_table(table)  # policy-free: once per episode, not once per policy
     out = []
     for policy in policies:
         fam = family_of(policy)
         layout = fam.layout(policy, manifest)
-        results = replay_local(policy, manifest, table, engine="kernel")
+        results = replay_local(policy, manifest, table, engine="kernel", split=split)
         acked_lost = failed_committed = 0
         unavailable_us = 0.0
         partitions = 0

@@ -1,5 +1,6 @@
-"""A real Apache RocketMQ cluster for one testbed run (SPEC §12): a NameServer and the policy's DLedger groups, each
-node a small-heap JVM in its own network namespace (`testbed.netns`), as `testbed.cluster` runs Kafka.
+"""A real Apache RocketMQ cluster for one testbed run (SPEC §12): a NameServer and the policy's broker groups (DLedger
+Raft groups, or a master and its slaves), each node a small-heap JVM in its own network namespace
+(`testbed.netns`), as `testbed.cluster` runs Kafka.
 
 Facts of RocketMQ 5.3.3 this follows: the broker needs `-Drocketmq.home.dir` and logs under `${user.home}` (each JVM
 gets its own of both); with every jar on one classpath each process needs its own `-Drmq.logback.configurationFile`;
@@ -29,6 +30,8 @@ NAMESRV = "namesrv"
 NAMESRV_PORT = 9876
 BROKER_PORT = 10911
 DLEDGER_PORT = 40911
+HA_PORT = 10912  # the master's HA listener (listenPort + 1), which its slaves connect to
+CONTROLLER_PORT = 9878  # the controller embedded in the NameServer listens on its own DLedger peer port
 #: The broker maps its commit log (DLedger's data files take the same size): small files on a small machine.
 MAPPED_FILE_BYTES = 64 * 1024 * 1024
 
@@ -49,10 +52,27 @@ def dledger_id(broker: int) -> str:
 
 @dataclass(frozen=True)
 class Group:
-    """One broker group (one brokerName): a DLedger Raft group of `members`, in the policy's layout order."""
+    """One broker group (one brokerName): a DLedger Raft group of `members`, or (master/slave) `members[0]` the
+    master (brokerId 0) and the rest its slaves (brokerId 1, 2, …), in the policy's layout order."""
 
     name: str
     members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MasterSlave:
+    """Classic master/slave replication (SPEC §3.3): the masters' brokerRole and the SYNC_MASTER settings."""
+
+    broker_role: str  # ASYNC_MASTER | SYNC_MASTER; in controller mode the controller assigns the roles
+    in_sync_replicas: int  # MessageStoreConfig.inSyncReplicas: copies, master included, SYNC_MASTER waits for
+    slave_timeout_ms: int  # MessageStoreConfig.slaveTimeout: the wait before FLUSH_SLAVE_TIMEOUT
+    #: controller mode (SPEC §3.5): the controller embedded in the NameServer elects each group's master
+    controller: bool = False
+    all_ack_in_sync_state_set: bool = False
+    min_insync_replicas: int = 1
+    ha_max_time_slave_not_catchup_ms: int = 15000
+    controller_heartbeat_timeout_ms: int = 10000
+    enable_elect_unclean_master: bool = False
 
 
 @dataclass
@@ -62,6 +82,8 @@ class RocketMQCluster(NodeProcesses):
     workdir: Path
     tag: str
     flush_sync: bool = False
+    #: None: DLedger groups; else every group is a master and its slaves
+    master_slave: MasterSlave | None = None
     network: Network | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
@@ -112,16 +134,20 @@ class RocketMQCluster(NodeProcesses):
         (node_dir / "home").mkdir(parents=True, exist_ok=True)
         if name == NAMESRV:
             props: dict[str, object] = {"listenPort": NAMESRV_PORT}
+            ms = self.master_slave
+            if ms is not None and ms.controller:
+                props |= {"enableControllerInNamesrv": "true", "controllerDLegerGroup": "replab-controller",
+                          "controllerDLegerPeers": f"n0-{self.controller_addr}", "controllerDLegerSelfId": "n0",
+                          "controllerStorePath": node_dir / "controller",
+                          "enableElectUncleanMaster": str(ms.enable_elect_unclean_master).lower()}
         else:
             b = int(name.split("-")[1])
             g = self.group_of(b)
-            peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
             props = {
                 "brokerClusterName": "replab", "brokerName": g.name, "listenPort": BROKER_PORT,
                 "namesrvAddr": self.namesrv, "brokerIP1": self.address(name),
                 "storePathRootDir": self.store(b), "storePathCommitLog": self.store(b) / "commitlog",
-                "enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
-                "dLegerSelfId": dledger_id(b), "mappedFileSizeCommitLog": MAPPED_FILE_BYTES,
+                **self._replication(b, g), "mappedFileSizeCommitLog": MAPPED_FILE_BYTES,
                 "flushDiskType": "SYNC_FLUSH" if self.flush_sync else "ASYNC_FLUSH",
                 "autoCreateTopicEnable": "false", "autoCreateSubscriptionGroup": "true",
                 "sendMessageThreadPoolNums": 4, "pullMessageThreadPoolNums": 4,
@@ -131,6 +157,35 @@ class RocketMQCluster(NodeProcesses):
         path = node_dir / ("namesrv.conf" if name == NAMESRV else "broker.conf")
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
+
+    def _replication(self, b: int, g: Group) -> dict[str, object]:
+        ms = self.master_slave
+        if ms is None:
+            peers = ";".join(f"{dledger_id(m)}-{self.address(broker_name(m))}:{DLEDGER_PORT}" for m in g.members)
+            return {"enableDLegerCommitLog": "true", "dLegerGroup": g.name, "dLegerPeers": peers,
+                    "dLegerSelfId": dledger_id(b)}
+        if ms.controller:
+            # The controller assigns ids and roles (brokerId -1, every broker starts as a slave).
+            return {"brokerId": -1, "brokerRole": "SLAVE", "enableControllerMode": "true",
+                    "controllerAddr": self.controller_addr, "haListenPort": HA_PORT,
+                    "inSyncReplicas": ms.in_sync_replicas, "minInSyncReplicas": ms.min_insync_replicas,
+                    "allAckInSyncStateSet": str(ms.all_ack_in_sync_state_set).lower(),
+                    "haMaxTimeSlaveNotCatchup": ms.ha_max_time_slave_not_catchup_ms,
+                    "controllerHeartBeatTimeoutMills": ms.controller_heartbeat_timeout_ms,
+                    "slaveTimeout": ms.slave_timeout_ms}
+        broker_id = g.members.index(b)
+        return {"brokerId": broker_id, "brokerRole": ms.broker_role if broker_id == 0 else "SLAVE",
+                "haListenPort": HA_PORT, "inSyncReplicas": ms.in_sync_replicas,
+                "slaveTimeout": ms.slave_timeout_ms}
+
+    @property
+    def controller_addr(self) -> str:
+        return f"{self.address(NAMESRV)}:{CONTROLLER_PORT}"
+
+    def is_master(self, broker: int) -> bool:
+        """Master by configuration (classic master/slave: the group's first broker)."""
+        ms = self.master_slave
+        return ms is not None and not ms.controller and self.group_of(broker).members[0] == broker
 
     # ------------------------------------------------------------------------------------------ processes
     def _start(self, name: str) -> None:

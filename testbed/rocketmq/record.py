@@ -12,11 +12,18 @@ What is recorded:
 - faults at the signal (crash = SIGKILL, shutdown = SIGTERM); `restart` when the NameServer's route lists the
   broker again (it registered); the election that follows a leader's loss, from the NameServer's route polled
   every 50 ms (the instant the successor registered as master), kept in comparison.json;
-- `replicate` events from each node's DLedger ledger end index, read from its entry index file every SAMPLE_MS
-  (32-byte entries: magic, pos, size, index, term). The file is what DLedger itself appends to before it
+- `replicate` events, DLedger: from each node's DLedger ledger end index, read from its entry index file every
+  SAMPLE_MS (32-byte entries: magic, pos, size, index, term). The file is what DLedger itself appends to before it
   acknowledges anything, so a node at ledger end index L holds entries 0..L exactly; a message's entry is found
   from its commit log offset (the send result's offset message id, or the verifying consumer's read), which lies
   inside its entry's [pos, pos + size). upto_us is the earliest send instant among the entries above L, − 1 µs;
+- `replicate` events, master/slave: from each slave's acknowledged commit log offset, read every 50 ms through the
+  admin API (GET_BROKER_HA_STATUS): the master's HAConnection.slaveAckOffset for the slave, and the slave's own
+  commit log max offset (what it reports as that ack right after each append, DefaultHAClient), the larger of the
+  two. The ack offset is the very number a SYNC_MASTER waits on before it answers (GroupTransferService compares
+  it with the message's end), and a slave at offset O holds every byte below O, so a message is on the slave
+  exactly when it ends at or below O (its end is the next message's commit log offset in the group, from the send
+  results and the verifying consumer's read). upto_us is the earliest send instant among the messages past O, − 1 µs;
 - per policy and message: the send result (SendStatus, or the exception and response code, the queue, the
   broker) and whether the verifying consumer read it after every fault healed (fate).
 """
@@ -33,13 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.policies import DLedgerPolicy
+from replay.policies import DLedgerPolicy, RocketMQControllerPolicy, RocketMQPolicy
 from schemas.errors import BadInput
 from schemas.trace import Kind
+from testbed.cluster import broker_name
 from testbed.jars import TestbedUnavailable
 from testbed.observe import Delivery, Recording, Sample, Transition, now_us
 from testbed.record import inject
-from testbed.rocketmq.cluster import Group, RocketMQCluster
+from testbed.rocketmq.cluster import Group, MasterSlave, RocketMQCluster
 from testbed.schedule import Schedule, topic_of
 
 log = logging.getLogger(__name__)
@@ -95,6 +103,11 @@ class RocketMQRecording(Recording):
     ns_routes: list[dict[str, Any]] = field(default_factory=list)
     route_refresh_ms: int = 30000
     elections: list[dict[str, Any]] = field(default_factory=list)
+    master_slave: bool = False  # classic master/slave or controller mode: progress from the HA state
+    controller: bool = False
+    #: master/slave: each slave's acknowledged commit log offset (end_index holds the offset), module docstring
+    acked: list[LedgerEnd] = field(default_factory=list)
+    ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines (comparison evidence)
 
     @property
     def route_poll_phase_us(self) -> int:
@@ -189,35 +202,58 @@ def _wait_line(path: Path, proc, ev: str, timeout_s: float) -> dict[str, Any]:
     raise TestbedUnavailable(f"the RocketMQ client harness did not report '{ev}' in {timeout_s:.0f} s")
 
 
-def groups_of(policies: list[DLedgerPolicy], n_brokers: int) -> tuple[list[Group], int, int]:
-    """The DLedger groups the policies lay out (SPEC §3.4), their queues per group and route poll; policies of
-    one run share the cluster, so they must agree on all three."""
+def _shape(p: DLedgerPolicy | RocketMQPolicy | RocketMQControllerPolicy,
+           n_brokers: int) -> tuple[int, int | None, int, int, str, MasterSlave | None]:
+    """What the policies of one run must agree on, the cluster they share (SPEC §3.3-3.5 layouts): group size,
+    groups (None: as many as fit), queues per group, route poll, flush, and the masters' settings (None: DLedger)."""
+    if isinstance(p, DLedgerPolicy):
+        return p.group_size, None, p.queues_per_group, p.route_refresh_ms, p.flush.value, None
+    size = 1 + p.slaves_per_master
+    if isinstance(p, RocketMQControllerPolicy):
+        ms = MasterSlave("SYNC_MASTER", p.in_sync_replicas, p.slave_timeout_ms, controller=True,
+                         all_ack_in_sync_state_set=p.all_ack_in_sync_state_set,
+                         min_insync_replicas=p.min_insync_replicas,
+                         ha_max_time_slave_not_catchup_ms=p.ha_max_time_slave_not_catchup_ms,
+                         controller_heartbeat_timeout_ms=p.controller_heartbeat_timeout_ms,
+                         enable_elect_unclean_master=p.enable_elect_unclean_master)
+    else:
+        ms = MasterSlave(p.broker_role.value, p.in_sync_replicas, p.slave_timeout_ms)
+    return size, p.groups, p.queues_per_group, p.route_refresh_ms, p.flush.value, ms
+
+
+def groups_of(policies: list, n_brokers: int) -> tuple[list[Group], int, int, MasterSlave | None]:
+    """The broker groups the policies lay out (SPEC §3.3 master/slave, §3.4 DLedger, §3.5 controller mode), their
+    queues per group, route poll and (master/slave, controller mode) the masters' settings; policies of one run
+    share the cluster, so they must agree on all of it."""
     for i, p in enumerate(policies):
-        if not isinstance(p, DLedgerPolicy):
-            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the RocketMQ testbed runs dledger policies "
-                           f"(master/slave and controller mode follow)", rule="testbed-policy")
-    shapes = {(p.group_size, p.queues_per_group, p.route_refresh_ms, p.flush.value) for p in policies}
+        if not isinstance(p, DLedgerPolicy | RocketMQPolicy | RocketMQControllerPolicy):
+            raise BadInput(f"--policy #{i + 1} ({p.canonical()}): the RocketMQ testbed runs dledger, rocketmq and "
+                           f"rocketmq-controller policies", rule="testbed-policy")
+    shapes = {_shape(p, n_brokers) for p in policies}
     if len(shapes) > 1:
         raise BadInput("the policies of one testbed run share one cluster and one client: they must agree on "
-                       "group_size, queues_per_group, route_refresh_ms and flush; run them separately",
-                       rule="testbed-policy")
-    size, qpg, refresh, _ = shapes.pop()
-    if n_brokers < size:
-        raise BadInput(f"group_size {size} > {n_brokers} brokers", rule="testbed-policy")
-    groups = [Group(f"g{g}", tuple(range(g * size, (g + 1) * size))) for g in range(n_brokers // size)]
-    return groups, qpg, refresh
+                       "the family, the layout (group_size, or slaves_per_master and groups), the brokers' "
+                       "settings (broker_role, in_sync_replicas, slave_timeout_ms, the controller's), "
+                       "queues_per_group, route_refresh_ms and flush; run them separately", rule="testbed-policy")
+    size, n_groups, qpg, refresh, _, ms = shapes.pop()
+    n_groups = n_brokers // size if n_groups is None else n_groups
+    if n_groups < 1 or n_groups * size > n_brokers:
+        raise BadInput(f"{n_groups} group(s) of {size} > {n_brokers} brokers", rule="testbed-policy")
+    groups = [Group(f"g{g}", tuple(range(g * size, (g + 1) * size))) for g in range(n_groups)]
+    return groups, qpg, refresh, ms
 
 
 def run_cluster(schedule: Schedule, policies: list[DLedgerPolicy], workdir: Path, tag: str, *,
                 progress=print) -> RocketMQRecording:
     from testbed.rocketmq.jars import ensure_jars
 
-    groups, qpg, refresh = groups_of(policies, len(schedule.brokers))
+    groups, qpg, refresh, ms = groups_of(policies, len(schedule.brokers))
     jars = ensure_jars(log=progress)
     t = time.monotonic()
     sync = policies[0].flush.value == "sync"
-    with RocketMQCluster(jars, groups, workdir, tag, flush_sync=sync) as cluster:
-        rec = RocketMQRecording(schedule, policies, 0, groups=groups, queues_per_group=qpg, route_refresh_ms=refresh)
+    with RocketMQCluster(jars, groups, workdir, tag, flush_sync=sync, master_slave=ms) as cluster:
+        rec = RocketMQRecording(schedule, policies, 0, groups=groups, queues_per_group=qpg, route_refresh_ms=refresh,
+                                master_slave=ms is not None, controller=ms is not None and ms.controller)
         rec.tag = tag
         try:
             record(cluster, rec, policies, progress=progress, t_start=t)
@@ -232,7 +268,10 @@ def record(cluster: RocketMQCluster, rec: RocketMQRecording, policies: list[DLed
     schedule, work = rec.schedule, cluster.workdir
     topics = [topic_of(i) for i in range(len(policies))]
     n_queues = len(rec.groups) * rec.queues_per_group
-    brokers = ",".join(cluster.broker_addr(b) for b in cluster.brokers)
+    # A classic slave takes its topics from its master (SlaveSynchronize); DLedger replicates none, and a
+    # controller-mode group's master is elected later: every member.
+    brokers = ",".join(cluster.broker_addr(b) for b in cluster.brokers
+                       if not rec.master_slave or rec.controller or cluster.is_master(b))
     deadline = time.monotonic() + READY_S
     while True:  # the brokers take their time to listen: create the topics until every member took them
         proc = cluster.harness("topics", "--brokers", brokers,
@@ -257,14 +296,20 @@ def record(cluster: RocketMQCluster, rec: RocketMQRecording, policies: list[DLed
     producer = cluster.harness("produce", "--schedule", str(sched), "--duration-us", str(schedule.duration_us),
                                "--queues", str(n_queues), "--warmup-ms", str(WARMUP_MS),
                                *[a for s in spec for a in ("--producer", s)],
+                               *(("--ha", ",".join(cluster.broker_addr(b) for b in cluster.brokers))
+                                 if rec.master_slave else ()),
                                out=out, stdin=True)
     try:
         _wait_line(out, producer, "ready", READY_S)
         _wait_masters(cluster, out, producer, READY_S)
+        if rec.master_slave:
+            _wait_slaves(cluster, out, producer, READY_S)
         node_of = _label_leaders(cluster, rec, out)
         rec.wall_s["cluster_start"] = time.monotonic() - t_start
-        progress(f"RocketMQ {cluster.jars.version}: NameServer + {len(cluster.brokers)} DLedger brokers ready in "
-                 f"{rec.wall_s['cluster_start']:.1f} s (leaders: "
+        ms = cluster.master_slave
+        kind = "DLedger" if ms is None else "controller-mode" if ms.controller else ms.broker_role
+        progress(f"RocketMQ {cluster.jars.version}: NameServer + {len(cluster.brokers)} {kind} brokers ready in "
+                 f"{rec.wall_s['cluster_start']:.1f} s (masters: "
                  f"{', '.join(f'{g.name}=node {node_of[g.members[0]]}' for g in rec.groups)})")
         _drive(cluster, rec, producer, node_of, progress)
     finally:
@@ -299,6 +344,27 @@ def _wait_masters(cluster: RocketMQCluster, out: Path, proc, timeout_s: float) -
     raise TestbedUnavailable(f"no master elected in every DLedger group after {timeout_s:.0f} s")
 
 
+def _wait_slaves(cluster: RocketMQCluster, out: Path, proc, timeout_s: float) -> None:
+    """Until every group's master has an HA connection from each of its slaves. A slave learns its master's address
+    from its own registration with the NameServer (at start, then every 30 s), so a slave that registered before
+    its master connects only at its next registration: a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT until then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        last: dict[str, dict[str, Any]] = {}
+        for d in _read_lines(out):
+            if d.get("ev") == "ha":
+                last[d["addr"]] = d
+        if all(any(last.get(cluster.broker_addr(b), {}).get("master")
+                   and len(last[cluster.broker_addr(b)].get("acks", {})) >= len(g.members) - 1 for b in g.members)
+               for g in cluster.groups):
+            return
+        if proc.poll() is not None:
+            raise TestbedUnavailable("the RocketMQ client harness exited while waiting for the slaves to connect")
+        cluster.check_alive()
+        time.sleep(0.3)
+    raise TestbedUnavailable(f"not every slave connected to its master after {timeout_s:.0f} s")
+
+
 def _label_leaders(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path) -> dict[int, int]:
     """Trace broker id -> cluster node. DLedger elects whichever member it elects first; SPEC §3.4 has the group's
     first broker lead at time 0, so the trace calls the elected node that broker and the others the rest, in
@@ -322,12 +388,13 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
     assert producer.stdin is not None
     producer.stdin.write(f"{rec.t0_us}\n")
     producer.stdin.flush()
-    sampler.start()
+    if not rec.master_slave:  # master/slave progress comes from the harness's HA lines
+        sampler.start()
     start = time.monotonic()
     try:
         for f_ts, kind, b in schedule.faults:
             _sleep_until(rec.t0_us + f_ts)
-            if kind in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE):
+            if kind in (Kind.CRASH, Kind.SHUTDOWN, Kind.ISOLATE) and not rec.master_slave:
                 sampler.sample_all()  # every follower's position right before the fault
             # The signal's instant, taken before it is sent: reaping a killed JVM takes a while on a loaded
             # machine, and the NameServer drops a SIGKILLed master within milliseconds.
@@ -343,7 +410,8 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
             log.warning("the client harness did not end cleanly (see %s)", cluster.workdir)
     finally:
         stop.set()
-        sampler.join(timeout=5)
+        if sampler.is_alive():
+            sampler.join(timeout=5)
     rec.wall_s["trace"] = time.monotonic() - start
 
 
@@ -418,10 +486,45 @@ def _parse_client(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path, n
             route = {g: {i: trace_of.get(cluster.broker_of_addr(a), -1) for i, a in ids_.items()}
                      for g, ids_ in d["route"].items()}
             rec.ns_routes.append({"t": d["t"] - t0, "route": route})
+        elif ev == "ha":
+            rec.ha.append({**d, "t": d["t"] - t0})
+    if rec.master_slave:
+        rec.acked = slave_acks(cluster, rec, trace_of)
     rec.elections = elections(rec)
     for tr in rec.transitions:  # a restarted broker is back when the NameServer lists it again (registered)
         tr.listed_us = next((r["t"] for r in rec.ns_routes if r["t"] >= tr.signal_us
                              and any(tr.broker in ids.values() for ids in r["route"].values())), None)
+        if tr.listed_us is None:
+            # Not listed again before the trace ended (a DLedger broker's restart, its commit log recovery, took
+            # 40 s on a loaded machine): past the end, so the trace keeps the broker down to its end.
+            tr.listed_us = rec.schedule.duration_us + 1
+
+
+def slave_acks(cluster: RocketMQCluster, rec: RocketMQRecording, trace_of: dict[int, int]) -> list[LedgerEnd]:
+    """Each slave's acknowledged offset over time (module docstring): at every HA line, the larger of the last ack
+    its master reported for it and its own last max offset."""
+    by_ip = {cluster.address(broker_name(b)): b for b in cluster.brokers}
+    master_ack: dict[int, int] = {}
+    own: dict[int, int] = {}
+    out = []
+    for d in sorted(rec.ha, key=lambda d: d["t"]):
+        b = cluster.broker_of_addr(d["addr"])
+        if b is None:
+            continue
+        changed = []
+        if d.get("master"):
+            out.append(LedgerEnd(d["t"], trace_of.get(b, b), d.get("max", -1)))  # for `fill_samples`
+            for addr, ack in d.get("acks", {}).items():
+                s = by_ip.get(addr.lstrip("/").rsplit(":", 1)[0])
+                if s is not None and master_ack.get(s) != ack:
+                    master_ack[s] = ack
+                    changed.append(s)
+        elif "max" in d:
+            own[b] = d["max"]
+            changed.append(b)
+        for s in changed:
+            out.append(LedgerEnd(d["t"], trace_of.get(s, s), max(master_ack.get(s, -1), own.get(s, -1))))
+    return out
 
 
 def elections(rec: RocketMQRecording) -> list[dict[str, Any]]:
@@ -475,6 +578,46 @@ def _parse_reads(rec: RocketMQRecording, path: Path, topics: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------------ the trace
 def replicate_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
+    return _slave_events(rec) if rec.master_slave else _ledger_events(rec)
+
+
+def _slave_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
+    """(ts_us, slave, upto_us) from the slaves' acknowledged offsets (module docstring)."""
+    from testbed.trace_writer import away_at
+
+    away = away_at(rec.state_faults())
+    sizes = dict(zip(rec.schedule.produce["msg_id"].to_pylist(), rec.schedule.produce["size_bytes"].to_pylist(),
+                     strict=True))
+    by_group: dict[str, tuple[list[int], list[int]]] = {}
+    for g in rec.groups:
+        offsets = sorted((clo, mid) for (grp, clo), mid in rec.clo_ids.items() if grp == g.name)
+        # A message ends where the group's next one starts; the last one's stored size is its body plus the
+        # headers and properties (under 300 bytes here).
+        ends = [offsets[k + 1][0] if k + 1 < len(offsets) else clo + sizes.get(mid, 0) + 300
+                for k, (clo, mid) in enumerate(offsets)]
+        suffix = [1 << 62] * (len(offsets) + 1)
+        for k in range(len(offsets) - 1, -1, -1):
+            mid = offsets[k][1]
+            suffix[k] = min(suffix[k + 1], _instant(rec, mid) if mid in rec.sent_us else 1 << 62)
+        by_group[g.name] = (ends, suffix)
+    out: list[tuple[int, int, int]] = []
+    last: dict[int, int] = {}
+    for s in sorted(rec.acked, key=lambda s: s.ts_us):
+        if s.ts_us < 0 or s.end_index < 0 or away(s.broker, s.ts_us):
+            continue
+        g = next(gr for gr in rec.groups if s.broker in gr.members)
+        if g.members[0] == s.broker and not rec.controller:
+            continue  # a classic master never follows; a controller-mode group's trace broker 0 may
+        ends, suffix = by_group[g.name]
+        k = bisect.bisect_right(ends, s.end_index)
+        upto = s.ts_us if suffix[k] >= 1 << 62 else min(s.ts_us, suffix[k] - 1)
+        upto = max(0, upto, last.get(s.broker, 0))
+        last[s.broker] = upto
+        out.append((s.ts_us, s.broker, upto))
+    return out
+
+
+def _ledger_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
     """(ts_us, broker, upto_us) from the ledger ends (module docstring), for every member that is up and not cut
     off, the real master included: after a crash the model elects by SPEC §3.4 rule 3 (longest log, ties in group
     order), which need not be the member DLedger's vote chose, and the model's follower is then the real master,
@@ -543,7 +686,7 @@ def _master_at(rec: RocketMQRecording, group: str, ts_us: int) -> int | None:
 
 def fill_samples(rec: RocketMQRecording, policies: int) -> None:
     """`Sample`s for the shared failover measure (`testbed.compare.failover_ms`): which queues each broker led."""
-    for s in rec.ledger:
+    for s in [*rec.ledger, *rec.acked]:
         leads = set()
         for gi, g in enumerate(rec.groups):
             if _master_at(rec, g.name, s.ts_us) == s.broker:

@@ -166,6 +166,7 @@ def rocketmq_policies(draw, n_brokers: int):
         "flush_least_bytes": draw(st.sampled_from([0, 2500, 16384])),
         "flush_thorough_interval_ms": draw(st.sampled_from([1000, 10000])),
         "slave_timeout_ms": draw(st.sampled_from([400, 3000])),
+        "slave_not_available": draw(st.booleans()),  # SPEC §3.7 R-6: 4.x's answer at once, or 5.x's wait
         "ordered": draw(st.booleans()),
         "reconcile": draw(st.sampled_from(["master_wins", "union"])),
         **_client_params(draw), **_flush_params(draw, [10, 500, 3000]),

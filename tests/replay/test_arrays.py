@@ -63,25 +63,25 @@ def test_hand_over_moves_settled_rows_keeps_the_rest_in_order_and_the_columns_ca
     from replay.shared.kernels.arrays import reserve_rows
     from replay.shared.kernels.records import all_records, hand_over_settled, record_table
 
-    pend = Table({"msg": np.int64, "prod": np.int64, "state": np.int8, "err": np.int8, "ack": np.int64,
-                  "vis": np.int64, "pe": np.int64, "po": np.int64, "key": np.int64})
+    pend = Table({"msg_id": np.int64, "produce_us": np.int64, "state": np.int8, "error": np.int8, "ack_us": np.int64,
+                  "visible_us": np.int64, "epoch": np.int64, "offset": np.int64, "key": np.int64})
     msg = np.arange(10, 20)
-    pend.append(msg=msg, prod=msg * 10, state=np.array([0, 3, 4, 0, 3, 0, 4, 0, 3, 5], dtype=np.int8),
-                err=np.array([0, 0, 2, 0, 0, 0, 1, 0, 0, 0], dtype=np.int8), ack=msg * 100, vis=msg * 1000,
-                pe=msg % 3, po=msg, key=-msg)
+    pend.append(msg_id=msg, produce_us=msg * 10, state=np.array([0, 3, 4, 0, 3, 0, 4, 0, 3, 5], dtype=np.int8),
+                error=np.array([0, 0, 2, 0, 0, 0, 1, 0, 0, 0], dtype=np.int8), ack_us=msg * 100, visible_us=msg * 1000,
+                epoch=msg % 3, offset=msg, key=-msg)
     reserve_rows(pend, 100)
-    capacity = len(pend.cols["msg"])
+    capacity = len(pend.cols["msg_id"])
     recs = record_table(("key",))
     remap = hand_over_settled(pend, recs, np.arange(10) % 2 == 1, ("key",), 3, 4)
-    assert pend["msg"].tolist() == [10, 12, 14, 16, 18] and pend["state"].tolist() == [0, 4, 3, 4, 3]
-    assert pend["err"].tolist() == [0, 2, 0, 1, 0] and pend["key"].tolist() == [-10, -12, -14, -16, -18]
+    assert pend["msg_id"].tolist() == [10, 12, 14, 16, 18] and pend["state"].tolist() == [0, 4, 3, 4, 3]
+    assert pend["error"].tolist() == [0, 2, 0, 1, 0] and pend["key"].tolist() == [-10, -12, -14, -16, -18]
     assert remap.tolist() == [0, -1, 1, -1, 2, -1, 3, -1, 4, -1]
-    assert len(pend.cols["msg"]) == capacity  # the next stretch's rows fit without a reallocation
-    assert recs["msg"].tolist() == [11, 13, 15, 17, 19] and recs["key"].tolist() == [-11, -13, -15, -17, -19]
+    assert len(pend.cols["msg_id"]) == capacity  # the next stretch's rows fit without a reallocation
+    assert recs["msg_id"].tolist() == [11, 13, 15, 17, 19] and recs["key"].tolist() == [-11, -13, -15, -17, -19]
     assert recs["status"].tolist() == [0, 2, 2, 2, 2]  # state 3 (acked) -> ACKED; 0 and 5 -> PENDING
-    pend.append(msg=np.array([99]), prod=np.array([990]), state=np.array([4], dtype=np.int8),
-                err=np.array([3], dtype=np.int8), ack=np.array([0]), vis=np.array([0]), pe=np.array([0]),
-                po=np.array([0]), key=np.array([-99]))
+    pend.append(msg_id=np.array([99]), produce_us=np.array([990]), state=np.array([4], dtype=np.int8),
+                error=np.array([3], dtype=np.int8), ack_us=np.array([0]), visible_us=np.array([0]), epoch=np.array([0]),
+                offset=np.array([0]), key=np.array([-99]))
     rec = all_records(pend, recs, ("key",), 3, 4)
     assert rec.msg_id.tolist() == [11, 13, 15, 17, 19, 10, 12, 14, 16, 18, 99] and pend.n == 0
     assert rec.status.tolist() == [0, 2, 2, 2, 2, 2, 1, 0, 1, 0, 1]  # state 4 (failed) -> FAILED

@@ -16,7 +16,7 @@ from replay.local import replay_local
 from replay.policies import parse_policy
 from schemas.outcomes import Error, Status
 from schemas.units import S
-from studies.dledger_vs_kafka import Figures, load_trace
+from studies.dledger_vs_kafka import Figures, load_trace, poll_phase_outages, thinned
 from studies.dledger_vs_kafka import figures as compute_figures
 
 DLEDGER = "dledger:group_size=5,queues_per_group=50"
@@ -72,6 +72,16 @@ def test_dledger5_loses_nothing_and_stops_only_during_elections(trace):
     assert set(rec.error[failed & ~in_gap].tolist()) <= {Error.DELIVERY_TIMEOUT}
     f = figures(DLEDGER, manifest, table)
     assert f.acked_lost == 0 and f.topic_outage_s == pytest.approx(sum(b - a for a, b in gaps) / S, abs=0.01)
+
+
+def test_a_failure_just_after_a_route_poll_stops_the_topic_until_the_next_one(trace):
+    """The phase table moves the producers' polls through the manifest's route_poll_phase_us (SPEC §2, R-1):
+    with polls at 28 + 30k s, broker 0's crash at 60 s comes 2 s after the poll at 58 s, which still named it;
+    its successor registers at 64.65 s and producers learn it at the poll at 88 s: 28 s of outage in both traces
+    (in the double failure broker 1 crashes at 75 s while the route still names broker 0)."""
+    _, manifest, table = trace
+    outages = poll_phase_outages(DLEDGER, manifest, thinned(table, 20), (2,))
+    assert outages == {2: pytest.approx(28.0, abs=0.01)}
 
 
 def test_kafka_rf5_min_isr3_fails_over_partition_by_partition(trace):

@@ -96,16 +96,37 @@ def test_every_process_and_namespace_is_gone(leader_crash):
     assert leftover_namespaces(rec.tag) == []
 
 
-def test_dledger_policies_lay_out_the_groups_and_refuse_mixed_runs():
-    """No cluster needed: the groups a run starts, and the policies one cluster cannot serve together."""
+def test_policies_lay_out_the_groups_and_refuse_mixed_runs():
+    """No cluster needed: the groups a run starts (DLedger, master/slave, controller mode), the brokers' settings
+    the policy sets, and the policies one cluster cannot serve together."""
+    from pathlib import Path
+
     from schemas.errors import BadInput
     from testbed.job import rocketmq
+    from testbed.rocketmq.cluster import RocketMQCluster
     from testbed.rocketmq.record import groups_of
 
-    groups, qpg, refresh = groups_of([parse_policy("dledger:group_size=3,queues_per_group=8")], 7)
-    assert [g.members for g in groups] == [(0, 1, 2), (3, 4, 5)] and (qpg, refresh) == (8, 30000)
+    groups, qpg, refresh, ms = groups_of([parse_policy("dledger:group_size=3,queues_per_group=8")], 7)
+    assert [g.members for g in groups] == [(0, 1, 2), (3, 4, 5)] and (qpg, refresh, ms) == (8, 30000, None)
     with pytest.raises(BadInput):
         groups_of([parse_policy("dledger"), parse_policy("dledger:route_refresh_ms=10000")], 3)
+
+    groups, _, _, ms = groups_of([parse_policy("rocketmq-sync")], 4)
+    assert [g.members for g in groups] == [(0, 1), (2, 3)]
+    assert (ms.broker_role, ms.in_sync_replicas, ms.slave_timeout_ms, ms.controller) == ("SYNC_MASTER", 2, 3000, False)
+    cluster = RocketMQCluster(None, groups, Path("/nonexistent"), "t", master_slave=ms)  # type: ignore[arg-type]
+    assert cluster._replication(0, groups[0])["brokerRole"] == "SYNC_MASTER"
+    slave = cluster._replication(3, groups[1])
+    assert (slave["brokerRole"], slave["brokerId"]) == ("SLAVE", 1)
+    assert cluster.is_master(2) and not cluster.is_master(3)
+
+    groups, _, _, ms = groups_of([parse_policy("rocketmq-controller-allack")], 3)
+    assert [g.members for g in groups] == [(0, 1, 2)] and ms.controller
+    assert (ms.all_ack_in_sync_state_set, ms.min_insync_replicas) == (True, 2)
+    with pytest.raises(BadInput):  # allAckInSyncStateSet is a broker setting: one cluster cannot serve both
+        groups_of([parse_policy("rocketmq-controller"), parse_policy("rocketmq-controller-allack")], 3)
+    with pytest.raises(BadInput):
+        groups_of([parse_policy("rocketmq"), parse_policy("dledger")], 4)
     with pytest.raises(BadInput):
         rocketmq([parse_policy("dledger"), parse_policy("kafka-acks1")])
     assert rocketmq([parse_policy("dledger")]) and not rocketmq([parse_policy("kafka-acks1")])
@@ -124,3 +145,25 @@ def test_sigterm_during_a_run_unwinds_like_ctrl_c():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_slave_progress_covers_exactly_the_messages_below_its_acknowledged_offset():
+    """No cluster needed: a slave at acknowledged offset O holds the messages that end at or below O (a message
+    ends where the group's next one starts), so its `replicate` event's upto_us is just before the earliest send
+    among the others; samples after the slave's crash are left out, and the master's own are never events."""
+    import pyarrow as pa
+
+    from testbed.rocketmq.cluster import Group
+    from testbed.rocketmq.record import LedgerEnd, RocketMQRecording, replicate_events
+    from testbed.schedule import Schedule
+
+    produce = pa.table({"ts_us": [1000, 2000, 3000], "msg_id": [1, 2, 3], "key": [None, None, None],
+                        "size_bytes": [100, 100, 100], "producer_id": [0, 0, 0]})
+    schedule = Schedule("s", "s", (), 10_000_000, produce, [], 10, {})
+    rec = RocketMQRecording(schedule, [], 0, groups=[Group("g0", (0, 1))], master_slave=True)
+    rec.sent_us = {1: 1000, 2: 2000, 3: 3000}
+    rec.clo_ids = {("g0", 0): 1, ("g0", 400): 2, ("g0", 800): 3}  # message 2 ends at 800
+    rec.faults = [(9_000_000, Kind.CRASH, 1)]
+    rec.acked = [LedgerEnd(5000, 0, 1200), LedgerEnd(5000, 1, 799), LedgerEnd(6000, 1, 800),
+                 LedgerEnd(7000, 1, 1200), LedgerEnd(9_500_000, 1, 1200)]
+    assert replicate_events(rec) == [(5000, 1, 1999), (6000, 1, 2999), (7000, 1, 7000)]

@@ -58,11 +58,11 @@ class KafkaClients:
     def _mark_visible(self, t: int, broker: int, lo: int, hi: int) -> None:
         if self.pend.n == 0 or hi <= lo:
             return
-        pe, po = self.pend["pe"], self.pend["po"]
-        vis = self.pend.cols["vis"]
-        rows = np.flatnonzero((po >= lo) & (po < hi) & (vis[: self.pend.n] == NULL_US) & (pe >= 0))
+        epoch, offset = self.pend["epoch"], self.pend["offset"]
+        vis = self.pend.cols["visible_us"]
+        rows = np.flatnonzero((offset >= lo) & (offset < hi) & (vis[: self.pend.n] == NULL_US) & (epoch >= 0))
         if len(rows):
-            rows = rows[runs_contain(runs_array(self.runs[self.ix[broker]]), pe[rows], po[rows])]
+            rows = rows[runs_contain(runs_array(self.runs[self.ix[broker]]), epoch[rows], offset[rows])]
             vis[rows] = t
         self._extra_visible(broker, lo, hi, t=t)
 
@@ -71,14 +71,15 @@ class KafkaClients:
         if srv < 0 or self.acks is Acks.ZERO or self.pend.n == 0:
             return
         st = self.pend.cols["state"]
-        rows = np.flatnonzero((st[: self.pend.n] == APPENDED) & (self.pend["req"] <= t) & (self.pend["dead"] >= t))
+        rows = np.flatnonzero((st[: self.pend.n] == APPENDED) & (self.pend["request_us"] <= t)
+                              & (self.pend["deadline_us"] >= t))
         if not len(rows):
             return
-        pe, po = self.pend["pe"][rows], self.pend["po"][rows]
-        held = runs_contain(runs_array(self.runs[self.ix[srv]]), pe, po)
-        ok = held if self.acks is Acks.ONE else held & (po < self._serving_hw())
+        epoch, offset = self.pend["epoch"][rows], self.pend["offset"][rows]
+        held = runs_contain(runs_array(self.runs[self.ix[srv]]), epoch, offset)
+        ok = held if self.acks is Acks.ONE else held & (offset < self._serving_hw())
         set_state(st, rows[ok], ACKED)
-        self.pend.cols["ack"][rows[ok]] = t
+        self.pend.cols["ack_us"][rows[ok]] = t
 
     def _on_switch(self, t: int, _: int) -> None:
         """Clients reach the current leader and retry every unacknowledged message within its deadline (rule 8)."""
@@ -88,7 +89,7 @@ class KafkaClients:
         if n == 0:
             return
         st = self.pend.cols["state"]
-        rows = np.flatnonzero((st[:n] <= APPENDED) & (self.pend["dead"] >= t))
+        rows = np.flatnonzero((st[:n] <= APPENDED) & (self.pend["deadline_us"] >= t))
         lazy = rows[st[rows] == REFUSED]
         if len(self.sched_row):
             lazy = lazy[~np.isin(lazy, self.sched_row)]
@@ -102,21 +103,21 @@ class KafkaClients:
         held = np.zeros(len(rows), dtype=bool)
         if srv >= 0:
             runs = runs_array(self.runs[self.ix[srv]])
-            held = runs_contain(runs, self.pend["pe"][rows], self.pend["po"][rows])
+            held = runs_contain(runs, self.pend["epoch"][rows], self.pend["offset"][rows])
             if self.extra.n:
                 self._promote_extra(rows, held, runs)
         hrows = rows[held]
         set_state(st, hrows, APPENDED)  # the idempotent retry finds its copy
-        self.pend.cols["req"][hrows] = t
+        self.pend.cols["request_us"][hrows] = t
         retry = rows[~held]
-        retry = retry[np.argsort(self.pend["msg"][retry], kind="stable")]
+        retry = retry[np.argsort(self.pend["msg_id"][retry], kind="stable")]
         self._attempt_now(t, retry)
         self._ack_committed(t)
 
     def _promote_extra(self, rows, held, runs) -> None:
         """A retried message whose earlier copy the new leader holds: that copy becomes its position."""
-        msgs = self.pend["msg"]
-        todo = np.flatnonzero(~held & np.isin(msgs[rows], self.extra["msg"]))
+        msgs = self.pend["msg_id"]
+        todo = np.flatnonzero(~held & np.isin(msgs[rows], self.extra["msg_id"]))
         if not len(todo):
             return
         extra = list(zip(*(self.extra[c].tolist() for c in EXTRA_COLS), strict=True))  # (msg, epoch, offset)
@@ -129,8 +130,8 @@ class KafkaClients:
             for e, o in by_msg[m]:
                 if runs_contain(runs, np.array([e]), np.array([o]))[0]:
                     extra.remove((m, e, o))  # the copy becomes the position, the position a copy (at the end)
-                    extra.append((m, int(self.pend["pe"][r]), int(self.pend["po"][r])))
-                    self.pend.cols["pe"][r], self.pend.cols["po"][r] = e, o
+                    extra.append((m, int(self.pend["epoch"][r]), int(self.pend["offset"][r])))
+                    self.pend.cols["epoch"][r], self.pend.cols["offset"][r] = e, o
                     held[j] = True
                     break
         columns = np.array(extra, dtype=np.int64).reshape(-1, len(EXTRA_COLS)).T
@@ -148,21 +149,21 @@ class KafkaClients:
             return
         if self._refusing():
             set_state(st, rows, REFUSED)
-            self.pend.cols["anchor"][rows] = t
-            self.pend.cols["nref"][rows] += 1
+            self.pend.cols["refused_us"][rows] = t
+            self.pend.cols["refusals"][rows] += 1
             return
         si = self.ix[srv]
         epoch = self._serving_epoch()
         offsets = int(self.log_len[si]) + np.arange(len(rows))
         self._move_positions(rows)
-        self.pend.cols["pe"][rows] = epoch
-        self.pend.cols["po"][rows] = offsets
+        self.pend.cols["epoch"][rows] = epoch
+        self.pend.cols["offset"][rows] = offsets
         self._append_entries(si, epoch, np.full(len(rows), t, dtype=np.int64), self.pend["size"][rows], offsets)
         set_state(st, rows, APPENDED)
-        self.pend.cols["req"][rows] = t
+        self.pend.cols["request_us"][rows] = t
         if self.acks is Acks.ONE:
             set_state(st, rows, ACKED)
-            self.pend.cols["ack"][rows] = t
+            self.pend.cols["ack_us"][rows] = t
         if self._is_zombie_target():
             self._zombie_commit(t)
         else:
@@ -193,7 +194,7 @@ class KafkaClients:
         if not len(rows):
             return np.zeros(0, dtype=np.int64)
         cap = self.p.retry_backoff_max_ms * MS
-        anchor, nref = self.pend["anchor"][rows].copy(), self.pend["nref"][rows].copy()
+        anchor, nref = self.pend["refused_us"][rows].copy(), self.pend["refusals"][rows].copy()
         nxt = anchor + self._retry_delay_us(nref)
         while True:
             behind = nxt < t
@@ -210,8 +211,8 @@ class KafkaClients:
             anchor[step] = nxt[step]
             nref[step] += 1
             nxt[step] = anchor[step] + delay[step]
-        self.pend.cols["anchor"][rows] = anchor
-        self.pend.cols["nref"][rows] = nref
+        self.pend.cols["refused_us"][rows] = anchor
+        self.pend.cols["refusals"][rows] = nref
         return nxt
 
     def _reschedule_pool(self, t: int) -> None:
@@ -228,8 +229,8 @@ class KafkaClients:
         if not len(rows):
             return
         nxt = self._skip_refused_retries(rows, t)
-        ok = nxt <= self.pend["dead"][rows]
+        ok = nxt <= self.pend["deadline_us"][rows]
         all_keys = np.concatenate([self.sched_key, key(nxt[ok], C_RETRY)])
         all_rows = np.concatenate([self.sched_row, rows[ok]])
-        order = np.lexsort((self.pend["msg"][all_rows], all_keys))  # same instant: msg_id order
+        order = np.lexsort((self.pend["msg_id"][all_rows], all_keys))  # same instant: msg_id order
         self.sched_key, self.sched_row = all_keys[order], all_rows[order]

@@ -15,18 +15,18 @@ WAITING, REFUSED, APPENDED, ACKED, FAILED = (MsgState.WAITING, MsgState.REFUSED,
                                             MsgState.FAILED)
 #: The pending messages' columns, in the order of `steady.Pending`'s fields (the reference's `Msg` names).
 PENDING_COLS = {
-    "msg": np.int64, "prod": np.int64, "size": np.int64, "dead": np.int64, "state": np.int8, "err": np.int8,
-    "anchor": np.int64, "nref": np.int64, "pe": np.int64, "po": np.int64, "req": np.int64, "ack": np.int64,
-    "vis": np.int64,
+    "msg_id": np.int64, "produce_us": np.int64, "size": np.int64, "deadline_us": np.int64, "state": np.int8,
+    "error": np.int8, "refused_us": np.int64, "refusals": np.int64, "epoch": np.int64, "offset": np.int64,
+    "request_us": np.int64, "ack_us": np.int64, "visible_us": np.int64,
     # carried untouched to the outputs (PartitionEvents.payload)
     "pid": np.int64, "part": np.int64, "keyid": np.int64,
 }
-assert len(PENDING_COLS) == len(Pending._fields) and tuple(PENDING_COLS)[-3:] == Pending._fields[-3:]
+assert tuple(PENDING_COLS) == Pending._fields  # the table's columns are the compiled record's fields
 PAYLOAD = ("pid", "part", "keyid")
 #: Earlier appends of retried messages, in the order they were made: a retried message appended again keeps its
 #: earlier (epoch, offset) for judging its fate, as a copy may survive (`Msg.positions` in
 #: replay/kafka/reference/interpreter.py).
-EXTRA_COLS = {"msg": np.int64, "epoch": np.int64, "offset": np.int64}
+EXTRA_COLS = {"msg_id": np.int64, "epoch": np.int64, "offset": np.int64}
 COMPACT_AT = 32768  # pending messages from which a stretch hands the settled ones over
 
 

@@ -210,7 +210,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
         view = self._final_view()
         records = all_records(self.pend, self.recs, PAYLOAD, int(ACKED), int(FAILED)).sorted_by_msg_id()
         if self.extra.n:
-            m, e, o = self.extra["msg"], self.extra["epoch"], self.extra["offset"]
+            m, e, o = self.extra["msg_id"], self.extra["epoch"], self.extra["offset"]
             order = np.lexsort((o, e, m))
             records.extra_positions = np.stack([m[order], e[order], o[order]], axis=1)
         records = self.client.apply(records, rows, plan_requests_compiled, shift_acks_compiled)

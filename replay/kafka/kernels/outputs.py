@@ -64,15 +64,15 @@ class KafkaOutputs:
         """Messages whose delivery deadline passed (before t) fail; the error reflects the state then."""
         if self.acks is Acks.ZERO or self.pend.n == 0:
             return
-        if not any_due(self.pend.cols["state"], self.pend.cols["dead"], self.pend.n, t):
+        if not any_due(self.pend.cols["state"], self.pend.cols["deadline_us"], self.pend.n, t):
             return
         st = self.pend.cols["state"][: self.pend.n]
-        due = (st <= APPENDED) & (self.pend["dead"] < t)
+        due = (st <= APPENDED) & (self.pend["deadline_us"] < t)
         rows = np.flatnonzero(due)
         srv = self._serving()
         other = Error.NOT_ENOUGH_REPLICAS if srv >= 0 and self._refusing() else Error.NO_LEADER
         err = np.where(st[rows] == APPENDED, Error.REQUEST_TIMEOUT, other).astype(np.int8)
-        self.pend.cols["err"][rows] = err
+        self.pend.cols["error"][rows] = err
         set_state(st, rows, FAILED)
         # drop their scheduled retries
         if len(self.sched_row):
@@ -87,7 +87,7 @@ class KafkaOutputs:
             return
         pinned = None
         if self.extra.n:  # retried messages keep their rows until the end (rare)
-            pinned = np.isin(self.pend["msg"], self.extra["msg"])
+            pinned = np.isin(self.pend["msg_id"], self.extra["msg_id"])
         settled, count = settled_mask(self.pend, self.runs, pinned, _ACKED, _FAILED)
         if count < n // COMPACT_SETTLED_SHARE:
             return

@@ -45,9 +45,9 @@ def merge_stream(b_ts, b_kind, b_rep, p_ts):
 
 
 @compiled
-def any_due(state, dead, n, t):
+def any_due(state, deadline_us, n, t):
     """Whether a pending message's delivery deadline passed before t (a cheap test before the vectorized pass)."""
     for r in range(n):  # noqa: SIM110 (a loop numba compiles, not a generator)
-        if state[r] <= _APPENDED and dead[r] < t:
+        if state[r] <= _APPENDED and deadline_us[r] < t:
             return True
     return False

@@ -128,7 +128,7 @@ class KafkaStretches:
                 self.runs[i] = prefix_runs(self.runs[li], int(self.log_len[i]))
         nx = int(c["n_extra"])
         if nx:
-            self.extra.append(msg=extra[:nx, 0], epoch=extra[:nx, 1], offset=extra[:nx, 2])
+            self.extra.append(msg_id=extra[:nx, 0], epoch=extra[:nx, 1], offset=extra[:nx, 2])
         nh = int(c["n_hw_moves"])
         if nh and self.extra.n and ldr >= 0:
             self._extra_visible(ldr, old_hw, self.hw, hw_ch[:nh, 0], hw_ch[:nh, 1])
@@ -169,10 +169,10 @@ class KafkaStretches:
 
     def _move_positions(self, rows: np.ndarray) -> None:
         """A message appended again keeps its earlier position for judging fate (a copy may survive)."""
-        pe, po, msg = self.pend.cols["pe"], self.pend.cols["po"], self.pend.cols["msg"]
-        had = rows[pe[rows] >= 0]
+        epoch, offset, msg = self.pend.cols["epoch"], self.pend.cols["offset"], self.pend.cols["msg_id"]
+        had = rows[epoch[rows] >= 0]
         if len(had):
-            self.extra.append(msg=msg[had], epoch=pe[had], offset=po[had])
+            self.extra.append(msg_id=msg[had], epoch=epoch[had], offset=offset[had])
 
     def _extra_visible(self, broker: int, lo: int, hi: int, ts=None, hw=None, t: int | None = None) -> None:
         """Visibility through an earlier copy of a retried message: a message not yet visible becomes visible at t
@@ -183,17 +183,17 @@ class KafkaStretches:
         due = np.flatnonzero((off >= lo) & (off < hi))
         if not len(due):
             return
-        d_msg, d_epoch, d_off = self.extra["msg"][due], self.extra["epoch"][due], off[due]
+        d_msg, d_epoch, d_off = self.extra["msg_id"][due], self.extra["epoch"][due], off[due]
         # the pending rows of those messages only (a map over every pending row cost a third of a fault trace's
         # Kafka kernel time); a message's last row is the one its copies speak for
-        msgs = self.pend["msg"]
+        msgs = self.pend["msg_id"]
         rows = np.flatnonzero(np.isin(msgs, d_msg))[::-1]
         if not len(rows):
             return
         known, first = np.unique(msgs[rows], return_index=True)
         at = np.minimum(np.searchsorted(known, d_msg), len(known) - 1)
         row = np.where(known[at] == d_msg, rows[first][at], -1)
-        vis = self.pend.cols["vis"]
+        vis = self.pend.cols["visible_us"]
         ok = row >= 0
         ok[ok] = vis[row[ok]] == NULL_US
         ok[ok] = runs_contain(runs_array(self.runs[self.ix[broker]]), d_epoch[ok], d_off[ok])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from replay.policies import (
     BrokerRole,
     Reconcile,
@@ -19,13 +17,14 @@ from replay.shared.kernels.arrays import (
     runs_array,
 )
 from schemas.trace import Kind
+from schemas.units import S
 
 
 class ClassicReplay(SteadySegments, GroupReplay):
     """SPEC §3.3 master/slave; steady segments run in compiled code (`stretch`)."""
 
     def __init__(self, policy: RocketMQPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+                 window_us: int = S, clock: RouteClock | None = None) -> None:
         super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.master = members[0]
         self.slaves = members[1:]
@@ -42,7 +41,7 @@ class ClassicReplay(SteadySegments, GroupReplay):
     def _steady_rule(self) -> SteadyRule:
         m = self.master
         return SteadyRule(m, bool(self.cp.up[m]), bool(self.cp.alive(m)), CommitRule.CLASSIC, self.need,
-                          self._usable() >= self.need, True,
+                          self._usable() >= self.need or not self.p.slave_not_available, True,  # R-6
                           self._coverage_now() if self.need else int(self.log_len[self.ix[m]]))
 
     def _usable(self) -> int:
@@ -101,7 +100,7 @@ class ClassicReplay(SteadySegments, GroupReplay):
             if self.cp.up[b]:
                 i = self.ix[b]
                 return runs_array(self.runs[i]), int(self.log_len[i]), True
-        return np.zeros((0, 3), dtype=np.int64), 0, False
+        return runs_array([]), 0, False
 
     def _recover(self, t: int) -> int:
         was_down = not self.cp.up[self.master]

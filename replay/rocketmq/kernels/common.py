@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import numpy as np
 
+from replay.rocketmq.kernels.steady import NONE, Pending
+from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
 from schemas.trace import Kind
 
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)
+__all__ = ["NONE"]  # no replica, broker, row or epoch: `steady.NONE`, for the kernels' Python code too
 
 
-class MsgState(IntEnum):
-    """A pending message's state (the `state` column): waiting for its answer, answered, or not yet arrived
-    (a DLedger retry scheduled for later, C2)."""
-
-    WAITING = 0
-    ACKED = 1
-    FAILED = 2
-    PREARRIVE = 3
-
-
-WAITING, ACKED, FAILED, PREARRIVE = MsgState
+WAITING, ACKED, FAILED, NEW = MsgState.WAITING, MsgState.ACKED, MsgState.FAILED, MsgState.NEW
 
 #: Trace events per steady segment at most (any split gives the same result, as a time chunk does).
 SEGMENT_MAX = 1 << 15
+#: The pending messages' columns, in the order of `steady.Pending`'s fields (the reference's `Msg` names).
 PENDING_COLS = {
-    "msg": np.int64, "prod": np.int64, "size": np.int64, "arrive": np.int64, "dead": np.int64, "state": np.int8,
-    "err": np.int8, "pe": np.int64, "po": np.int64, "ack": np.int64, "vis": np.int64, "tb": np.int64,
-    "tinc": np.int64, "tep": np.int64,
+    "msg_id": np.int64, "produce_us": np.int64, "size": np.int64, "arrive_us": np.int64, "deadline_us": np.int64,
+    "state": np.int8, "error": np.int8, "epoch": np.int64, "offset": np.int64, "ack_us": np.int64,
+    "visible_us": np.int64, "taker_broker": np.int64, "taker_incarnation": np.int64, "taker_epoch": np.int64,
 }
+assert tuple(PENDING_COLS) == Pending._fields  # the table's columns are the compiled record's fields
+
+
+_LEGAL = np.array(legal_transitions(), dtype=bool)  # [new, previous], `VALID_PREVIOUS_STATES`
+
+
+def set_state(state: np.ndarray, rows: np.ndarray, new: MsgState) -> None:
+    """Pending rows enter state `new`: the kernels' Python code checks each message's transition against
+    `VALID_PREVIOUS_STATES` here, as their compiled code does in `steady.transition`."""
+    if not _LEGAL[int(new), state[rows].astype(np.intp)].all():
+        raise IllegalTransition(f"a message state transition to {new.name} VALID_PREVIOUS_STATES does not allow")
+    state[rows] = new

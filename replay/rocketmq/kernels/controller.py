@@ -28,14 +28,14 @@ from replay.shared.kernels.arrays import (
     runs_array,
 )
 from schemas.outcomes import Error
-from schemas.units import MS
+from schemas.units import MS, S
 
 
 class ControllerReplay(ControllerEffects, SteadySegments, SeriesSegments, GroupReplay):
     """SPEC §3.5: Kafka-like SyncStateSet with RocketMQ acks, controller detection and C1/C7."""
 
     def __init__(self, policy: RocketMQControllerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+                 window_us: int = S, clock: RouteClock | None = None) -> None:
         super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.master: int | None = members[0]
         self.sss: list[int] = list(members)
@@ -178,19 +178,19 @@ class ControllerReplay(ControllerEffects, SteadySegments, SeriesSegments, GroupR
     def _on_arrivals(self, s: int, rows: np.ndarray, ts: np.ndarray) -> None:
         c = self.pend.cols
         if not self.all_ack:
-            c["vis"][rows] = ts  # B.7: the confirm offset is the master's max offset
+            c["visible_us"][rows] = ts  # B.7: the confirm offset is the master's max offset
         if self._is_zombie(s):
             z = self.zombie
             n = int(self.log_len[self.ix[s]])
             if z["view"] == (s,):
                 if self.all_ack:
-                    c["vis"][rows] = ts
+                    c["visible_us"][rows] = ts
                 z["hw"] = n
             point = self._ack_point_now(s)
             if point is None:
                 self._ack_rows(rows, ts)
             else:
-                ok = c["po"][rows] < point
+                ok = c["offset"][rows] < point
                 self._ack_rows(rows[ok], ts[ok])
         elif not self.all_ack and self.k <= 1:
             self._ack_rows(rows, ts)
@@ -289,7 +289,7 @@ class ControllerReplay(ControllerEffects, SteadySegments, SeriesSegments, GroupR
     def _end_view(self):
         srv = self._serving()
         if srv is None:
-            return np.zeros((0, 3), dtype=np.int64), 0, False
+            return runs_array([]), 0, False
         si = self.ix[srv]
         point = (self.zombie["hw"] if self._is_zombie(srv) else self.hw) if self.all_ack else int(self.log_len[si])
         return runs_array(self.runs[si]), point, True

@@ -7,6 +7,7 @@ from replay.rocketmq.control import (
     C_CHECK,
     STOPS,
 )
+from replay.rocketmq.kernels.common import NONE
 from schemas.trace import Kind
 from schemas.units import MS
 
@@ -104,7 +105,7 @@ class ControllerEffects:
 
         def rank(b):
             runs = self.runs[self.ix[b]]
-            return (runs[-1][0] if runs else -1, int(self.log_len[self.ix[b]]), -self.ix[b])
+            return (runs[-1][0] if runs else NONE, int(self.log_len[self.ix[b]]), -self.ix[b])
 
         best = max(pool, key=rank)
         mi = self.ix[m]

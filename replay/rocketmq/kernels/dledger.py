@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from replay.policies import (
     DLedgerPolicy,
 )
@@ -12,6 +10,7 @@ from replay.rocketmq.control import (
     RouteClock,
     majority,
 )
+from replay.rocketmq.kernels.common import NONE
 from replay.rocketmq.kernels.group import GroupReplay
 from replay.rocketmq.kernels.steady import CommitRule
 from replay.rocketmq.kernels.stretch import SteadyRule, SteadySegments
@@ -19,6 +18,7 @@ from replay.shared.kernels.arrays import (
     runs_array,
 )
 from schemas.outcomes import Error
+from schemas.units import S
 
 
 class DLedgerReplay(SteadySegments, GroupReplay):
@@ -27,7 +27,7 @@ class DLedgerReplay(SteadySegments, GroupReplay):
     answer_error = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
 
     def __init__(self, policy: DLedgerPolicy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+                 window_us: int = S, clock: RouteClock | None = None) -> None:
         super().__init__(policy, unit, members, duration_us, window_us, clock)
         self.q = majority(len(members))
         self.leader: int | None = members[0]
@@ -77,7 +77,7 @@ class DLedgerReplay(SteadySegments, GroupReplay):
 
         def rank(b):
             runs = self.runs[self.ix[b]]
-            return (runs[-1][0] if runs else -1, int(self.log_len[self.ix[b]]), -self.ix[b])
+            return (runs[-1][0] if runs else NONE, int(self.log_len[self.ix[b]]), -self.ix[b])
 
         best = max(voters, key=rank)
         ni = self.ix[new]
@@ -96,7 +96,7 @@ class DLedgerReplay(SteadySegments, GroupReplay):
     def _end_view(self):
         ldr = self.leader
         if ldr is None or not self.cp.up[ldr]:
-            return np.zeros((0, 3), dtype=np.int64), 0, False
+            return runs_array([]), 0, False
         return runs_array(self.runs[self.ix[ldr]]), self.commit, True
 
     def _recover(self, t: int) -> int:

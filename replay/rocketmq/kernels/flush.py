@@ -18,6 +18,8 @@ from replay.shared.kernels.arrays import (
 )
 from schemas.units import MS
 
+HISTORY_MAX = 8192  # writes kept in a broker's history before the ones surely flushed are folded
+
 
 @compiled
 def least_flushes(h_t, h_len, h_bytes, base_len, base_bytes, flushed, flushed_bytes, flush_t, t, interval, thorough,
@@ -78,7 +80,7 @@ class FlushState:
         self.h_t.extend(ts)
         self.h_len.extend(lengths)
         self.h_bytes.extend(nbytes)
-        if len(self.h_t) > 8192:
+        if len(self.h_t) > HISTORY_MAX:
             self.materialize(int(ts[-1]))
 
     def _fold(self, j: int) -> None:

@@ -28,6 +28,7 @@ from replay.rocketmq.kernels.common import (
     C_PRODUCE,
     C_REPLICATE,
     FAILED,
+    NONE,
     PENDING_COLS,
     SEGMENT_MAX,
 )
@@ -51,7 +52,7 @@ from replay.shared.kernels.judge import judge
 from replay.shared.kernels.records import all_records, record_table
 from schemas.outcomes import Error
 from schemas.trace import Kind
-from schemas.units import MS
+from schemas.units import MS, S
 
 
 class GroupReplay(GroupMessages, GroupLogs):
@@ -61,7 +62,7 @@ class GroupReplay(GroupMessages, GroupLogs):
     SEGMENT_MAX = SEGMENT_MAX
 
     def __init__(self, policy: Policy, unit: int, members: tuple[int, ...], duration_us: int,
-                 window_us: int = 1_000_000, clock: RouteClock | None = None) -> None:
+                 window_us: int = S, clock: RouteClock | None = None) -> None:
         self.p = policy
         self.unit = unit
         self.order = tuple(members)
@@ -183,7 +184,7 @@ class GroupReplay(GroupMessages, GroupLogs):
         # copy and fresh pages per payload column)
         self.p_msg, self.p_size = ev.produce_msg[now], ev.produce_size[now]
         self.p_pay = {k: np.asarray(payload[k][now], dtype=np.int64) if k in payload
-                      else np.full(len(p_ts), -1, dtype=np.int64) for k in self.payload_keys}
+                      else np.full(len(p_ts), NONE, dtype=np.int64) for k in self.payload_keys}
         (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_pidx) = stream_columns(
             order, nrep, r_key, p_key, bb[rep], bu[rep], bi[rep])
         self.s_pos = 0
@@ -216,9 +217,9 @@ class GroupReplay(GroupMessages, GroupLogs):
         self._compact()
 
     def _produced(self, pidx: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """msg, size and payload of the streamed produce events `pidx` (s_pidx values; -1, 0 and -1 where -1)."""
-        return (take_or(self.p_msg, pidx, -1), take_or(self.p_size, pidx, 0),
-                {k: take_or(v, pidx, -1) for k, v in self.p_pay.items()})
+        """msg, size and payload of the streamed produce events `pidx` (s_pidx values; NONE, 0 and NONE where NONE)."""
+        return (take_or(self.p_msg, pidx, NONE), take_or(self.p_size, pidx, 0),
+                {k: take_or(v, pidx, NONE) for k, v in self.p_pay.items()})
 
     def finish(self) -> PartitionResult:
         """End of trace: settle every message and judge fates (SPEC §4.1)."""

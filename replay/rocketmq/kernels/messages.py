@@ -14,8 +14,10 @@ from replay.rocketmq.control import (
 from replay.rocketmq.kernels.common import (
     ACKED,
     FAILED,
-    PREARRIVE,
+    NEW,
+    NONE,
     WAITING,
+    set_state,
 )
 from replay.shared.kernels.arrays import runs_array
 from replay.shared.kernels.records import hand_over_settled, settled_mask
@@ -23,6 +25,7 @@ from schemas.outcomes import NULL_US, Error, Status
 from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
+COMPACT_MIN = 4096  # pending rows below which a compaction is not worth its scan
 
 
 class GroupMessages:
@@ -30,7 +33,7 @@ class GroupMessages:
 
     # ================================================================================= messages
     def _add_payload_keys(self, payload: dict) -> None:
-        """Columns carried to the outputs untouched; a key first seen in a later chunk is -1 before it."""
+        """Columns carried to the outputs untouched; a key first seen in a later chunk is NONE before it."""
         new = sorted(set(payload) - set(self.payload_keys or ()))
         if self.payload_keys is not None and not new:
             return
@@ -38,12 +41,13 @@ class GroupMessages:
         for k in new:
             for table in (self.pend, self.recs):
                 table.dtypes[k] = np.int64
-                table.cols[k] = np.full(len(table.cols["msg"]), -1, dtype=np.int64)
+                table.cols[k] = np.full(len(table.cols["msg_id"]), NONE, dtype=np.int64)
 
     def _new_rows(self, msg, prod, size, arrive, payload: dict, state) -> np.ndarray:
         # scalars broadcast into the table's columns (no per-column temporaries)
-        cols = dict(msg=msg, prod=prod, size=size, arrive=arrive, dead=prod + self.p.delivery_timeout_ms * MS,
-                    state=state, err=0, pe=-1, po=-1, ack=NULL_US, vis=NULL_US, tb=-1, tinc=0, tep=-1)
+        cols = dict(msg_id=msg, produce_us=prod, size=size, arrive_us=arrive,
+                    deadline_us=prod + self.p.delivery_timeout_ms * MS, state=state, error=0, epoch=NONE, offset=NONE,
+                    ack_us=NULL_US, visible_us=NULL_US, taker_broker=NONE, taker_incarnation=0, taker_epoch=NONE)
         for name in self.payload_keys or ():
             cols[name] = payload[name]
         return self.pend.append(**cols)
@@ -51,51 +55,52 @@ class GroupMessages:
     def _settle_unrouted(self, ev: PartitionEvents, payload: dict, sel: np.ndarray) -> None:
         """SPEC §3.3 rule 3: no group took it: failed `no_route`, never appended."""
         # scalars broadcast into the table's columns
-        self.recs.append(msg=ev.produce_msg[sel], prod=ev.produce_ts[sel], status=Status.FAILED, err=Error.NO_ROUTE,
-                         ack=NULL_US, vis=NULL_US, pe=-1, po=-1,
+        self.recs.append(msg_id=ev.produce_msg[sel], produce_us=ev.produce_ts[sel], status=Status.FAILED,
+                         error=Error.NO_ROUTE, ack_us=NULL_US, visible_us=NULL_US, epoch=NONE, offset=NONE,
                          **{name: payload[name][sel] for name in self.payload_keys or ()})
 
     def _schedule_arrivals(self, ev: PartitionEvents, payload: dict, sel: np.ndarray, delay: np.ndarray) -> None:
         ts = ev.produce_ts[sel]
         rows = self._new_rows(ev.produce_msg[sel], ts, ev.produce_size[sel], ts + delay[sel],
-                              {k: v[sel] for k, v in payload.items()}, PREARRIVE)
+                              {k: v[sel] for k, v in payload.items()}, NEW)
         keys = np.concatenate([self.sched_key, key_of(ts + delay[sel], C_ARRIVE)])
         all_rows = np.concatenate([self.sched_row, rows])
-        order = np.lexsort((self.pend["msg"][all_rows], keys))  # same instant: msg_id order
+        order = np.lexsort((self.pend["msg_id"][all_rows], keys))  # same instant: msg_id order
         self.sched_key, self.sched_row = keys[order], all_rows[order]
 
     def _limit(self, rows: np.ndarray) -> np.ndarray:
         """Last instant at which an ack still counts (R1): the broker's status or the client's deadline."""
-        return np.minimum(self.pend["arrive"][rows] + self._answer_ms() * MS, self.pend["dead"][rows])
+        return np.minimum(self.pend["arrive_us"][rows] + self._answer_ms() * MS, self.pend["deadline_us"][rows])
 
     def _ack_rows(self, rows: np.ndarray, when: np.ndarray) -> None:
         ok = when <= self._limit(rows)
-        self.pend.cols["state"][rows[ok]] = ACKED
-        self.pend.cols["ack"][rows[ok]] = when[ok]
+        set_state(self.pend.cols["state"], rows[ok], ACKED)
+        self.pend.cols["ack_us"][rows[ok]] = when[ok]
 
     def _waiting_of(self, b: int, epoch: int) -> np.ndarray:
         """Rows waiting for an answer from broker b's current incarnation in `epoch`."""
         n = self.pend.n
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero((self.pend["state"] == WAITING) & (self.pend["tb"] == b) & (self.pend["tep"] == epoch)
-                              & (self.pend["tinc"] == self.incarnation[self.ix[b]]))
+        return np.flatnonzero((self.pend["state"] == WAITING) & (self.pend["taker_broker"] == b)
+                              & (self.pend["taker_epoch"] == epoch)
+                              & (self.pend["taker_incarnation"] == self.incarnation[self.ix[b]]))
 
     def _ack_upto(self, t: int, b: int, epoch: int, upto: int) -> None:
         rows = self._waiting_of(b, epoch)
         if len(rows):
-            rows = rows[(self.pend["po"][rows] < upto) & self._held(b, rows)]
+            rows = rows[(self.pend["offset"][rows] < upto) & self._held(b, rows)]
             self._ack_rows(rows, np.full(len(rows), t, dtype=np.int64))
 
     def _held(self, b: int, rows: np.ndarray) -> np.ndarray:
-        return runs_contain(runs_array(self.runs[self.ix[b]]), self.pend["pe"][rows], self.pend["po"][rows])
+        return runs_contain(runs_array(self.runs[self.ix[b]]), self.pend["epoch"][rows], self.pend["offset"][rows])
 
     def _mark_visible(self, t: int, b: int, lo: int, hi: int) -> None:
         if self.pend.n == 0 or hi <= lo:
             return
-        po, pe = self.pend["po"], self.pend["pe"]
-        vis = self.pend.cols["vis"]
-        rows = np.flatnonzero((po >= lo) & (po < hi) & (vis[: self.pend.n] == NULL_US) & (pe >= 0))
+        offset, epoch = self.pend["offset"], self.pend["epoch"]
+        vis = self.pend.cols["visible_us"]
+        rows = np.flatnonzero((offset >= lo) & (offset < hi) & (vis[: self.pend.n] == NULL_US) & (epoch >= 0))
         if len(rows):
             rows = rows[self._held(b, rows)]
             vis[rows] = t
@@ -109,9 +114,9 @@ class GroupMessages:
         rows = np.flatnonzero(st[:n] == WAITING)
         if not len(rows):
             return
-        answer_at = self.pend["arrive"][rows] + self._answer_ms() * MS
-        dead = self.pend["dead"][rows]
-        tb, tinc = self.pend["tb"][rows], self.pend["tinc"][rows]
+        answer_at = self.pend["arrive_us"][rows] + self._answer_ms() * MS
+        deadline_us = self.pend["deadline_us"][rows]
+        tb, tinc = self.pend["taker_broker"][rows], self.pend["taker_incarnation"][rows]
         end = np.full(len(rows), INF, dtype=np.int64)
         for i, b in enumerate(self.order):
             sel = tb == b
@@ -119,13 +124,13 @@ class GroupMessages:
                 ends = np.array(self.inc_end[i], dtype=np.int64)
                 inc = tinc[sel]
                 end[sel] = np.where(inc < len(ends), ends[np.minimum(inc, len(ends) - 1)], INF)
-        answered = (answer_at <= dead) & (end > answer_at)  # its incarnation still up at that instant
+        answered = (answer_at <= deadline_us) & (end > answer_at)  # its incarnation still up at that instant
         fail_answer = answered & (answer_at < t)
-        fail_dead = ~answered & (dead < t)
-        err = self.pend.cols["err"]
-        st[rows[fail_answer]] = FAILED
+        fail_dead = ~answered & (deadline_us < t)
+        err = self.pend.cols["error"]
+        set_state(st, rows[fail_answer], FAILED)
         err[rows[fail_answer]] = self.answer_error
-        st[rows[fail_dead]] = FAILED
+        set_state(st, rows[fail_dead], FAILED)
         err[rows[fail_dead]] = Error.DELIVERY_TIMEOUT
         if fail_answer.any() or fail_dead.any():
             self._compact()
@@ -133,10 +138,10 @@ class GroupMessages:
     def _compact(self) -> None:
         """Hand settled messages to the records: answered, and visible or held by no broker."""
         n = self.pend.n
-        if n < 4096:
+        if n < COMPACT_MIN:
             return
         settled, count = settled_mask(self.pend, self.runs, None, _ACKED, _FAILED)
-        if count < n // 2:
+        if count < n // 2:  # a hand-over moves every kept row: worth it once half are settled
             return
         remap = hand_over_settled(self.pend, self.recs, settled, self.payload_keys or (), _ACKED, _FAILED)
         if len(self.sched_row):

@@ -19,7 +19,9 @@ from replay.rocketmq.kernels.common import (
     C_PRODUCE,
     C_REPLICATE,
     FAILED,
+    NONE,
     WAITING,
+    set_state,
 )
 from replay.shared.kernels.arrays import (
     due_segment,
@@ -100,7 +102,7 @@ class SeriesSegments:
                 self.s_pos += self._segment({
                     "key": self.s_key[sl], "code": self.s_code[sl], "broker": self.s_broker[sl],
                     "upto": self.s_upto[sl], "msg": msg, "size": size,
-                    "row": np.full(hi - self.s_pos, -1, dtype=np.int64), "pay": pay,
+                    "row": np.full(hi - self.s_pos, NONE, dtype=np.int64), "pay": pay,
                 })
                 self._compact()  # keeps the pending table (and the scans over it) at about a segment's size
                 continue
@@ -108,14 +110,14 @@ class SeriesSegments:
             if due is None:
                 return
             keys, is_tr, ti, si, shi = due
-            msg, size, pay = self._produced(np.where(is_tr, self.s_pidx[ti], -1))
+            msg, size, pay = self._produced(np.where(is_tr, self.s_pidx[ti], NONE))
             seg = {
                 "key": keys,
                 "code": np.where(is_tr, self.s_code[ti], C_ARRIVE),
-                "broker": np.where(is_tr, self.s_broker[ti], -1),
+                "broker": np.where(is_tr, self.s_broker[ti], NONE),
                 "upto": np.where(is_tr, self.s_upto[ti], 0),
                 "msg": msg, "size": size,
-                "row": np.where(is_tr, -1, self.sched_row[si] if shi else -1),
+                "row": np.where(is_tr, NONE, self.sched_row[si] if shi else NONE),
                 "pay": pay,
             }
             consumed = self._segment(seg)
@@ -131,7 +133,7 @@ class SeriesSegments:
         ts = key // KEY
         n = len(key)
         ldr = self._data_leader()
-        li = self.ix[ldr] if ldr is not None else -1
+        li = self.ix[ldr] if ldr is not None else NONE
         l_ok = ldr is not None and self.cp.alive(ldr)
         srv = self._serving()
         refusing = srv is not None and self._refusing(srv)
@@ -183,21 +185,22 @@ class SeriesSegments:
         self.seg_append_ts = arr_ts if srv is not None and not refusing else arr_ts[:0]
         st = self.pend.cols["state"]
         if srv is None:
-            st[arr_rows] = FAILED
-            self.pend.cols["err"][arr_rows] = Error.NO_LEADER  # R2
+            set_state(st, arr_rows, FAILED)
+            self.pend.cols["error"][arr_rows] = Error.NO_LEADER  # R2
         elif refusing:
-            st[arr_rows] = FAILED
+            set_state(st, arr_rows, FAILED)
             # R2: refused before append. SPEC §3.7 C-2: refusals the faults decide were retried on another group by
             # routing (`rocketmq.control` C9), so this is a send's last attempt or a set only replication shrank
-            self.pend.cols["err"][arr_rows] = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
+            self.pend.cols["error"][arr_rows] = Error.IN_SYNC_REPLICAS_NOT_ENOUGH
         elif len(arr_rows):
             si = self.ix[srv]
             epoch = self._epoch_of(srv)
             offsets = self._append_entries(si, epoch, arr_ts, self.pend["size"][arr_rows])
             c = self.pend.cols
-            c["pe"][arr_rows], c["po"][arr_rows] = epoch, offsets
-            c["tb"][arr_rows], c["tinc"][arr_rows], c["tep"][arr_rows] = srv, self.incarnation[si], epoch
-            st[arr_rows] = WAITING
+            c["epoch"][arr_rows], c["offset"][arr_rows] = epoch, offsets
+            c["taker_broker"][arr_rows], c["taker_epoch"][arr_rows] = srv, epoch
+            c["taker_incarnation"][arr_rows] = self.incarnation[si]
+            set_state(st, arr_rows, WAITING)
             self._on_arrivals(srv, arr_rows, arr_ts)
         # ----- follower copies
         for b, (idx, new_len, lcu) in follow.items():
@@ -238,19 +241,19 @@ class SeriesSegments:
         if ack is not None and len(ack):
             rows = self._waiting_of(ldr, self.cp.epoch)
             if len(rows):
-                po = self.pend["po"][rows]
-                rows, po = rows[po < ack[-1]], po[po < ack[-1]]
+                offset = self.pend["offset"][rows]
+                rows, offset = rows[offset < ack[-1]], offset[offset < ack[-1]]
                 if len(rows):
-                    at = np.searchsorted(ack, po, side="right")
+                    at = np.searchsorted(ack, offset, side="right")
                     self._ack_rows(rows, ts[np.minimum(at, len(ts) - 1)])
         if vis is not None and len(vis) and vis[-1] > out.get("vis0", 0):
             lo = out.get("vis0", 0)
-            po, pe = self.pend["po"], self.pend["pe"]
-            v = self.pend.cols["vis"]
-            cand = np.flatnonzero((po >= lo) & (po < vis[-1]) & (v[:n] == NULL_US) & (pe >= 0))
+            offset, epoch = self.pend["offset"], self.pend["epoch"]
+            v = self.pend.cols["visible_us"]
+            cand = np.flatnonzero((offset >= lo) & (offset < vis[-1]) & (v[:n] == NULL_US) & (epoch >= 0))
             if len(cand):
-                cand = cand[runs_contain(runs_array(self.runs[li]), pe[cand], po[cand])]
-                at = np.searchsorted(vis, po[cand], side="right")
+                cand = cand[runs_contain(runs_array(self.runs[li]), epoch[cand], offset[cand])]
+                at = np.searchsorted(vis, offset[cand], side="right")
                 v[cand] = ts[np.minimum(at, len(ts) - 1)]
 
     def _instants(self, ts, out, leo_after, srv, refusing) -> None:

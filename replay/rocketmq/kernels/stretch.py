@@ -11,6 +11,7 @@ import numpy as np
 
 from replay.rocketmq.control import INF, KEY
 from replay.rocketmq.kernels import steady
+from replay.rocketmq.kernels.common import PENDING_COLS
 from replay.rocketmq.kernels.steady import CommitRule
 from replay.shared.kernels.arrays import Grow, extend_runs, prefix_runs, reserve, runs_array
 from schemas.outcomes import Error
@@ -58,8 +59,9 @@ class SteadySegments:
         bufs = self.__dict__.get("_bufs")
         if bufs is None or len(bufs[-1]) < n:
             cap = max(n, 2 * len(bufs[-1]) if bufs is not None else 0)
-            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in range(3)),
-                    np.empty((cap, 4), dtype=np.int64), np.empty((cap, 2), dtype=np.int64))
+            bufs = (*(np.empty((len(self.order), cap), dtype=np.int64) for _ in ("t", "length", "nbytes")),
+                    np.empty((cap, steady.ROW_WIDTH), dtype=np.int64),
+                    np.empty((cap, steady.INTERVAL_WIDTH), dtype=np.int64))
             self._bufs = bufs
         return bufs
 
@@ -97,10 +99,10 @@ class SteadySegments:
             msg, size, pay = self._produced(self.s_pidx[new])
             self._new_rows(msg, ts, size, ts, pay, 0)
         arrivals = len(new) + shi  # at most one append each
-        c = self.pend.cols
+        cols = self.pend.cols
         rule = self._steady_rule()
         ldr = rule.leader
-        li = self.ix[ldr] if ldr is not None else -1
+        li = self.ix[ldr] if ldr is not None else steady.NONE
         assert self.lead_for_cache == ldr, "the leader cache holds the leader's log"
         epoch = self.cp.epoch
         new_epoch = epoch not in self.epochs
@@ -109,53 +111,53 @@ class SteadySegments:
         if new_epoch:  # room for the chunk's appends (`GroupReplay.advance`)
             reserve(ep_app, self.room)
             reserve(ep_cum, self.room)
-        cf = np.zeros(steady.N_CONSTANTS, dtype=np.int64)
-        cf[[steady.F_S_HI, steady.F_SCHED_HI, steady.F_ROW0, steady.F_PEND_N, steady.F_LI, steady.F_LB,
-            steady.F_SRV_OK, steady.F_L_OK, steady.F_K, steady.F_USABLE_OK, steady.F_COMMITS,
-            steady.F_EPOCH, steady.F_INC, steady.F_ANSWER, steady.F_WINDOW, steady.F_BLOCKED, steady.F_REFUSAL,
-            steady.F_ALL_ACK, steady.F_HW_MOVES]] = [
-            hi, shi, pend_n, pend_n, li, -1 if ldr is None else ldr, int(rule.takes and ldr is not None),
-            int(rule.reachable), rule.k, int(rule.usable), int(rule.commits), epoch,
-            int(self.incarnation[li]) if li >= 0 else 0, self._answer_ms() * MS, self.timeline.window_us,
-            int(self._blocked()), int(rule.refusal), int(rule.all_ack), int(rule.hw_moves)]
-        av = self.timeline.av_prev or (0, False, INF)
-        sc = np.zeros(steady.N_SCALARS, dtype=np.int64)
-        sc[[steady.S_CUR_T, steady.S_COMMIT, steady.S_AV_HAS, steady.S_AV_T, steady.S_AV_BLOCKED, steady.S_AV_STALL,
-            steady.S_LEAD_N, steady.S_CUM_N, steady.S_EP_N, steady.S_POS, steady.S_HW]] = [
-            self.cur_t, rule.commit, int(self.timeline.av_prev is not None), av[0], int(av[1]), av[2],
-            self.lead_app.n, self.lead_cum.n, ep_app.n, lo, rule.hw]
+        seg = steady.Segment(
+            stream_end=hi, sched_end=shi, first_row=pend_n, pending_n=pend_n, leader=li,
+            leader_broker=steady.NONE if ldr is None else ldr, takes=bool(rule.takes and ldr is not None),
+            leader_reachable=bool(rule.reachable), need=int(rule.k), usable=bool(rule.usable),
+            commits=bool(rule.commits), epoch=int(epoch), incarnation=int(self.incarnation[li]) if li >= 0 else 0,
+            answer_us=self._answer_ms() * MS, window_us=int(self.timeline.window_us), blocked=bool(self._blocked()),
+            refusal=int(rule.refusal), all_ack=bool(rule.all_ack), hw_moves=bool(rule.hw_moves))
+        av = self.timeline.av_prev
+        avail = np.array((1, av[0], int(av[1]), av[2]) if av is not None else (0, 0, 0, INF), dtype=np.int64)
+        carried = np.zeros(1, dtype=steady.CARRIED)
+        c = carried[0]
+        c["cur_t"], c["commit"], c["hw"] = self.cur_t, rule.commit, rule.hw
+        c["lead_n"], c["cum_n"], c["epoch_n"], c["stream_pos"] = self.lead_app.n, self.lead_cum.n, ep_app.n, lo
         n = len(self.order)
         alive = np.array([self.cp.alive(b) for b in self.order], dtype=bool)
         ctl = np.array([steady.IN_VIEW * (b in rule.view) + steady.IN_SSS * (b in rule.sss) for b in self.order],
                        dtype=np.int64)
-        lead_runs = runs_array(self.runs[li]) if li >= 0 else np.zeros((0, 3), dtype=np.int64)
+        lead_runs = runs_array(self.runs[li]) if li >= 0 else runs_array([])
         before = self.log_len.copy()
         w_t, w_len, w_bytes, rows, unav = self._scratch(due + 1)
         w_n = np.zeros(n, dtype=np.int64)
         leo0 = int(self.log_len[li]) if li >= 0 else 0
         orow = reserve(self.__dict__.setdefault("_orow", Grow()), max(leo0 - min(rule.commit, leo0), 0) + due + 1)
         steady.GROUP_STEADY[rule.rule](
-            sc, cf, self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row,
-            c["size"], c["state"], c["err"], c["pe"], c["po"], c["tb"], c["tinc"], c["tep"], c["ack"],
-            c["vis"], c["arrive"], c["dead"], self.log_len, self.nbytes, self.fetched, self.lcu,
-            alive, ctl, lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
-            reserve(ep_app, arrivals), reserve(ep_cum, arrivals), np.empty(n, dtype=np.int64),
-            w_t, w_len, w_bytes, w_n, rows, unav, orow)
+            carried, avail, seg,
+            steady.StreamCols(self.s_key, self.s_code, self.s_rep, self.s_upto, self.sched_key, self.sched_row),
+            steady.Pending(*(cols[name] for name in PENDING_COLS)),
+            steady.Replicas(self.log_len, self.nbytes, self.fetched, self.lcu, alive, ctl),
+            steady.LeaderLog(lead_runs, reserve(self.lead_app, arrivals), reserve(self.lead_cum, arrivals),
+                             reserve(ep_app, arrivals), reserve(ep_cum, arrivals)),
+            steady.Writes(w_t, w_len, w_bytes, w_n), steady.Outputs(rows, unav, orow, np.empty(n, dtype=np.int64)))
         # ----- the carried scalars and the growable arrays back
-        self.cur_t = int(sc[steady.S_CUR_T])
-        self.s_pos = int(sc[steady.S_POS])
+        c = carried[0]
+        self.cur_t = int(c["cur_t"])
+        self.s_pos = int(c["stream_pos"])
         # a segment cut short at a rejoin (CONTROLLER): the rows made for the produce events it did not reach go,
         # and the next segment makes them again
-        self.pend.n = int(sc[steady.S_ROW])
-        took = int(sc[steady.S_SCHED_POS])
+        self.pend.n = int(c["produce_row"])
+        took = int(c["sched_pos"])
         if took:
             self.sched_key, self.sched_row = self.sched_key[took:], self.sched_row[took:]
-        self.replication_bytes += int(sc[steady.S_REPL_BYTES])
-        self.lead_app.n, self.lead_cum.n = int(sc[steady.S_LEAD_N]), int(sc[steady.S_CUM_N])
-        ep_app.n = int(sc[steady.S_EP_N])
+        self.replication_bytes += int(c["replication_bytes"])
+        self.lead_app.n, self.lead_cum.n = int(c["lead_n"]), int(c["cum_n"])
+        ep_app.n = int(c["epoch_n"])
         ep_cum.n = ep_app.n + 1
         # ----- logs as runs: the leader's appends (one epoch), then followers as prefixes of the leader's log
-        k = int(sc[steady.S_APPENDED])
+        k = int(c["appended"])
         if k:
             if new_epoch:
                 self.epochs[epoch] = (ep_start, ep_app, ep_cum)
@@ -170,11 +172,10 @@ class SteadySegments:
             if k:
                 self.flush[i].write(w_t[i, :k], w_len[i, :k], w_bytes[i, :k])
         # ----- closed instants: timeline rows and availability
-        for t, leo, hw in rows[: int(sc[steady.S_NROWS]), :3].tolist():
+        for t, leo, hw in rows[: int(c["n_rows"]), : steady.ROW_STATE].tolist():
             self.timeline.offer(self._state_row(t, leo, hw))
-        self.timeline.unavail.extend(map(tuple, unav[: int(sc[steady.S_NUNAV])].tolist()))
-        if sc[steady.S_AV_HAS]:
-            self.timeline.av_prev = (int(sc[steady.S_AV_T]), bool(sc[steady.S_AV_BLOCKED]),
-                                     int(sc[steady.S_AV_STALL]))
-        expand = int(sc[steady.S_EXPAND])
-        self._steady_done(int(sc[steady.S_COMMIT]), int(sc[steady.S_HW]), self.order[expand] if expand >= 0 else None)
+        self.timeline.unavail.extend(map(tuple, unav[: int(c["n_unavailable"])].tolist()))
+        if avail[0]:
+            self.timeline.av_prev = (int(avail[1]), bool(avail[2]), int(avail[3]))
+        expand = int(c["expand"])
+        self._steady_done(int(c["commit"]), int(c["hw"]), self.order[expand] if expand >= 0 else None)

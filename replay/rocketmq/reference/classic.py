@@ -49,8 +49,8 @@ class ClassicReference(GroupReference):
         msg.visible_us = t  # rule 5: visibility is at the master's append
         if self.need == 0:
             self._ack(t, msg)  # rule 4: ASYNC_MASTER acks at the master's append
-        elif len(self._usable_slaves()) < self.need:
-            self._fail(msg, Error.SLAVE_NOT_AVAILABLE)  # rule 4: at once, stored on the master
+        elif self.p.slave_not_available and len(self._usable_slaves()) < self.need:
+            self._fail(msg, Error.SLAVE_NOT_AVAILABLE)  # rule 4: at once, stored on the master (4.x; R-6)
         else:
             self._ack_upto(t, self.master, self.epoch, self._coverage())
 

@@ -16,7 +16,7 @@ from replay.results import PartitionResult, StateRow
 from replay.rocketmq.control import C_ARRIVE, C_FLUSH, C_LAST, C_POLL, C_TIMEOUT, KEY, STOPS, RouteClock
 from replay.rocketmq.reference.logs import GroupReferenceLogs
 from replay.rocketmq.reference.outputs import GroupReferenceOutputs
-from replay.rocketmq.reference.state import Broker, Entry, Msg, next_poll
+from replay.rocketmq.reference.state import Broker, Entry, Msg, MsgState, next_poll, set_state
 from schemas.outcomes import NULL_US, Error, Status
 from schemas.trace import Kind
 from schemas.units import MS
@@ -157,23 +157,25 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
         r = self.rep[b]
         msg.positions.append((epoch, len(r.log)))
         self._write(r, [Entry(epoch, msg.msg_id, t, msg.size)], t)
-        msg.state = "waiting"
+        set_state(msg, MsgState.WAITING)
         self.waiting.add(msg.msg_id)
         msg.taker = (b, r.incarnation, epoch)
         self._push(t + timeout_ms * MS, C_TIMEOUT, "answer", msg.msg_id, sub=0)
 
     def _ack(self, t: int, msg: Msg) -> None:
-        msg.state, msg.status, msg.ack_us = "acked", Status.ACKED, t
+        set_state(msg, MsgState.ACKED)
+        msg.status, msg.ack_us = Status.ACKED, t
         self.waiting.discard(msg.msg_id)
 
     def _fail(self, msg: Msg, error: Error) -> None:
-        msg.state, msg.status, msg.error = "failed", Status.FAILED, error
+        set_state(msg, MsgState.FAILED)
+        msg.status, msg.error = Status.FAILED, error
         self.waiting.discard(msg.msg_id)
 
     def _on_answer(self, t: int, msg_id: int) -> None:
         """R1: the broker that took the request answers its timeout status if it is still that incarnation."""
         msg = self.msgs[msg_id]
-        if msg.state != "waiting":
+        if msg.state != MsgState.WAITING:
             return
         b, inc, _ = msg.taker
         r = self.rep[b]
@@ -182,7 +184,7 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
 
     def _on_deadline(self, t: int, msg_id: int) -> None:
         msg = self.msgs[msg_id]
-        if msg.state == "waiting":
+        if msg.state == MsgState.WAITING:
             self._fail(msg, Error.DELIVERY_TIMEOUT)  # SPEC §3.1: the client gives up
 
     def _ack_upto(self, t: int, b: int, epoch: int, upto: int) -> None:

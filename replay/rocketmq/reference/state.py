@@ -3,10 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from replay.policies import Policy
 from schemas.outcomes import NULL_US, Error, Status
 from schemas.units import MS
+
+
+class MsgState(IntEnum):
+    """A message's state between its produce event and its outcome (`Msg.state`; the kernels' pending `state`
+    column holds the same codes)."""
+
+    WAITING = 0  # appended by the broker that took it, waiting for its answer (R1)
+    ACKED = 1
+    FAILED = 2
+    NEW = 3  # produced, not yet arrived at a broker (a DLedger retry scheduled for later, C2)
+
+
+#: The legal transitions, held in one place (as Kafka's `PartitionStateMachine` holds `validPreviousStates`): the
+#: states a message may be in when it enters each state. A message waits from its append (the kernels give a
+#: produce row its waiting state at its arrival, and its append keeps it); it is refused before its append (R2) or
+#: fails waiting (R1); only a waiting message is acknowledged. ACKED and FAILED are final.
+VALID_PREVIOUS_STATES: dict[MsgState, frozenset[MsgState]] = {
+    MsgState.NEW: frozenset(),
+    MsgState.WAITING: frozenset({MsgState.NEW, MsgState.WAITING}),
+    MsgState.ACKED: frozenset({MsgState.WAITING}),
+    MsgState.FAILED: frozenset({MsgState.NEW, MsgState.WAITING}),
+}
+
+
+class IllegalTransition(AssertionError):
+    """A message moved between two states that `VALID_PREVIOUS_STATES` does not link: a defect of the replay."""
+
+
+def check_transition(previous: int, new: int) -> None:
+    """Raise unless a message may move from `previous` to `new` (`VALID_PREVIOUS_STATES`)."""
+    if MsgState(previous) not in VALID_PREVIOUS_STATES[MsgState(new)]:
+        raise IllegalTransition(f"{MsgState(previous).name} -> {MsgState(new).name}")
+
+
+def legal_transitions() -> list[list[bool]]:
+    """`VALID_PREVIOUS_STATES` as a table for compiled code: [new][previous] is whether it is legal."""
+    return [[MsgState(p) in VALID_PREVIOUS_STATES[MsgState(n)] for p in sorted(MsgState)] for n in sorted(MsgState)]
 
 
 @dataclass
@@ -41,13 +79,19 @@ class Msg:
     size: int
     deadline_us: int
     payload: dict
-    state: str = "new"  # waiting | acked | failed
+    state: MsgState = MsgState.NEW
     status: Status = Status.PENDING
     error: Error = Error.NONE
     ack_us: int = NULL_US
     visible_us: int = NULL_US
     positions: list[tuple[int, int]] = field(default_factory=list)
     taker: tuple[int, int, int] | None = None  # (broker, its incarnation, epoch) that appended it (R1)
+
+
+def set_state(msg: Msg, new: MsgState) -> None:
+    """The one place the reference moves a message between states, checked against `VALID_PREVIOUS_STATES`."""
+    check_transition(msg.state, new)
+    msg.state = new
 
 
 def common_prefix(a: list[Entry], b: list[Entry]) -> int:

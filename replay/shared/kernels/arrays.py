@@ -181,7 +181,7 @@ def reserve(grow: Grow, k: int) -> np.ndarray:
 def reserve_rows(table: Table, k: int) -> None:
     """Room for k more rows in `table`'s columns, to be written in place at [table.n, table.n + k), every
     column of each row (the slots are unset, `_grown`)."""
-    cap = len(table.cols["msg"])
+    cap = len(next(iter(table.cols.values())))  # every column has the same capacity
     if table.n + k > cap:
         cap = max(2 * cap, table.n + k, 64)
         for name, arr in table.cols.items():

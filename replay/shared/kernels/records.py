@@ -1,6 +1,6 @@
 """A kernel's settled messages, handed over from its pending table to its records (SPEC §4.1), shared by both
 families: `hand_over_settled` as compaction goes, `all_records` at the end of the trace. Both tables are
-`arrays.Table`s; the records' columns are RECORD_BASE, the payload columns, then status and err."""
+`arrays.Table`s; the records' columns are RECORD_BASE, the payload columns, then status and error."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from schemas.outcomes import NULL_US, Status
 
 _ST_ACKED, _ST_FAILED, _ST_PENDING = int(Status.ACKED), int(Status.FAILED), int(Status.PENDING)
 #: The records' int64 columns taken from the pending columns of the same name, before the payload columns.
-RECORD_BASE = ("msg", "prod", "ack", "vis", "pe", "po")
+RECORD_BASE = ("msg_id", "produce_us", "ack_us", "visible_us", "epoch", "offset")
 
 
 def record_table(payload: tuple[str, ...] = ()) -> Table:
-    return Table({**{name: np.int64 for name in (*RECORD_BASE, *payload)}, "status": np.int8, "err": np.int8})
+    return Table({**{name: np.int64 for name in (*RECORD_BASE, *payload)}, "status": np.int8, "error": np.int8})
 
 
 @compiled
-def settled_rows(n, state, vis, pe, po, runs, starts, pinned, acked, failed):
+def settled_rows(n, state, vis, epoch, offset, runs, starts, pinned, acked, failed):
     """Which of a kernel's first n pending rows are settled: answered (state `acked` or `failed`), and visible or
     held by no replica (replica i's log is runs[starts[i]:starts[i + 1]]: one not yet visible may still become
     so), unless pinned. Returns the flags and their count."""
@@ -33,7 +33,7 @@ def settled_rows(n, state, vis, pe, po, runs, starts, pinned, acked, failed):
         held = False
         if vis[r] == NULL_US:
             for i in range(len(starts) - 1):
-                held = held or held_by(runs[starts[i]: starts[i + 1]], pe[r], po[r])
+                held = held or held_by(runs[starts[i]: starts[i + 1]], epoch[r], offset[r])
         if not held:
             out[r] = True
             count += 1
@@ -84,7 +84,7 @@ def settled_mask(pend: Table, runs: list[list[list[int]]], pinned: np.ndarray | 
     """`settled_rows` over the pending table, the replicas' logs given as runs."""
     n, c = pend.n, pend.cols
     logs = [runs_array(r) for r in runs]
-    return settled_rows(n, c["state"], c["vis"], c["pe"], c["po"], np.concatenate(logs),
+    return settled_rows(n, c["state"], c["visible_us"], c["epoch"], c["offset"], np.concatenate(logs),
                         np.cumsum([0, *(len(r) for r in logs)]), np.zeros(n, dtype=bool) if pinned is None else pinned,
                         acked, failed)
 
@@ -96,9 +96,9 @@ def hand_over_settled(pend: Table, recs: Table, settled: np.ndarray, payload: tu
     reserve_rows(recs, k)
     p64 = [name for name, t in pend.dtypes.items() if t is np.int64]
     take = (*RECORD_BASE, *payload)
-    remap = hand_over(settled, pend.n, tuple(pend.cols[c] for c in p64), (pend.cols["state"], pend.cols["err"]),
+    remap = hand_over(settled, pend.n, tuple(pend.cols[c] for c in p64), (pend.cols["state"], pend.cols["error"]),
                       np.array([p64.index(c) for c in take], dtype=np.int64), tuple(recs.cols[c] for c in take),
-                      (recs.cols["status"], recs.cols["err"]), recs.n, acked, failed)
+                      (recs.cols["status"], recs.cols["error"]), recs.n, acked, failed)
     recs.n += k
     pend.n -= k
     return remap
@@ -108,7 +108,7 @@ def all_records(pend: Table, recs: Table, payload: tuple[str, ...], acked: int, 
     """Every message's record at the end of the trace: the settled ones, then what is still pending. The arrays
     are views of the records' columns."""
     hand_over_settled(pend, recs, np.ones(pend.n, dtype=bool), payload, acked, failed)
-    rec = MessageRecords(recs["msg"], recs["prod"], recs["status"], recs["err"], recs["ack"], recs["vis"],
-                         recs["pe"], recs["po"])
+    rec = MessageRecords(recs["msg_id"], recs["produce_us"], recs["status"], recs["error"], recs["ack_us"],
+                         recs["visible_us"], recs["epoch"], recs["offset"])
     rec.payload = {k: recs[k] for k in payload}
     return rec

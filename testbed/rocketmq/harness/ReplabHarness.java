@@ -9,6 +9,9 @@
 //            a pool thread, so that a slow send does not hold back the next), stops at the end of the schedule.
 //            Writes one JSON line per send, per route request to the NameServer, per change of a producer's route
 //            table, and per change of the NameServer's route (polled every 50 ms through the admin API).
+//            With --ha ADDR,... (master/slave): each broker's HA state every 50 ms (GET_BROKER_HA_STATUS), one
+//            line per change: a master's commit log max offset and each slave's acknowledged offset as the master
+//            holds it, a slave's own commit log max offset.
 //   read     --namesrv A --topic T ... --out FILE                     the verifying consumer: every queue of every
 //                                                                    topic from offset 0 to its max offset
 //
@@ -187,6 +190,23 @@ public final class ReplabHarness {
         return b.append("],\"route\":").append(routeOf(info.getTopicRouteData())).append('}').toString();
     }
 
+    static String haOf(org.apache.rocketmq.remoting.protocol.body.HARuntimeInfo info) {
+        StringBuilder b = new StringBuilder("\"master\":" + info.isMaster());
+        if (info.isMaster()) {
+            b.append(",\"max\":").append(info.getMasterCommitLogMaxOffset()).append(",\"acks\":{");
+            boolean first = true;
+            for (org.apache.rocketmq.remoting.protocol.body.HARuntimeInfo.HAConnectionRuntimeInfo c
+                : info.getHaConnectionInfo()) {
+                b.append(first ? "" : ",").append(q(c.getAddr())).append(':').append(c.getSlaveAckOffset());
+                first = false;
+            }
+            b.append('}');
+        } else if (info.getHaClientRuntimeInfo() != null) {
+            b.append(",\"max\":").append(info.getHaClientRuntimeInfo().getMaxOffset());
+        }
+        return b.toString();
+    }
+
     static int produce(Map<String, List<String>> a) throws Exception {
         String namesrv = a.get("namesrv").get(0);
         List<Send> schedule = new ArrayList<>();
@@ -312,6 +332,35 @@ public final class ReplabHarness {
         }, "replab-ns-watch");
         nsWatch.setDaemon(true);
         nsWatch.start();
+        if (a.containsKey("ha")) {
+            // A thread per broker: a dead broker's connect timeout does not hold back the others' samples.
+            for (String broker : a.get("ha").get(0).split(",")) {
+                Thread haWatch = new Thread(() -> {
+                    String last = null;
+                    while (running.get()) {
+                        long t = nowUs();
+                        String now;
+                        try {
+                            now = haOf(admin.getBrokerHAStatus(broker));
+                        } catch (Exception e) {
+                            now = null;  // down or cut off: nothing new
+                        }
+                        if (now != null && !now.equals(last)) {
+                            last = now;
+                            emit("{\"ev\":\"ha\",\"t\":" + t + ",\"addr\":" + q(broker) + "," + now + "}");
+                        }
+                        long left = 50_000 - (nowUs() - t);
+                        try {
+                            Thread.sleep(Math.max(0, left / 1000));
+                        } catch (InterruptedException e) {
+                            return;
+                        }
+                    }
+                }, "replab-ha-watch-" + broker);
+                haWatch.setDaemon(true);
+                haWatch.start();
+            }
+        }
 
         // Warm up the client's and the brokers' code paths (a just-started JVM answers its first sends seconds
         // late on a loaded machine): WARMUP_MS of sends before the clock starts, marked with msg id -1.
