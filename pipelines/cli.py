@@ -177,6 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
     t.add_argument("--no-tables", action="store_true",
                    help="no Delta tables nor MLflow runs: DIR/trace/ and DIR/comparison.json only (no Spark)")
+    t = tsub.add_parser("recompare", help="judge a recorded run again with the current model (no cluster)",
+                        description="judge a recorded run again with the current model, without a cluster: "
+                        "DIR/recording.pkl and DIR/trace/ as `testbed run` left them")
+    t.add_argument("--policy", required=True, action="append", metavar="SPEC",
+                   help="the run's policies, in its order (a changed parameter is judged as given)")
+    t.add_argument("--out", required=True, metavar="DIR", help="the run's folder (its --out)")
+    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
+    t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    t.add_argument("--spark-replay", action="store_true",
+                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
+    t.add_argument("--no-tables", action="store_true",
+                   help="no Delta tables nor MLflow runs: DIR/comparison.json only (no Spark)")
     t = tsub.add_parser("report", help="the agreement table from testbed_comparisons",
                         description="the agreement table from testbed_comparisons")
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")

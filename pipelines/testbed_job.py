@@ -11,7 +11,7 @@ from typing import Any
 
 from schemas.errors import ReplabError
 from testbed.compare import COMPARED, Case
-from testbed.job import run_testbed
+from testbed.job import RECORDING, recompare_testbed, recorded_wall_s, run_testbed
 from testbed.publish import agreement_rows, markdown_table
 
 
@@ -49,9 +49,12 @@ def cli(args: argparse.Namespace) -> int:
 
         return get_spark("replab-testbed")
 
-    result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
-                         lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
-                         spark_replay=args.spark_replay, publish=not args.no_tables, progress=lambda t: console.log(t))
+    common = dict(lakehouse=args.lakehouse, tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow,
+                  spark_replay=args.spark_replay, publish=not args.no_tables, progress=lambda t: console.log(t))
+    if args.testbed_command == "recompare":
+        result = recompare_testbed(spark_factory, args.policies, list(args.policy), args.out, **common)
+    else:
+        result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out, **common)
     print_cases(result.cases, console)
     console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
                   f"wall: {result.wall_s['total_s']:.0f} s")
@@ -120,13 +123,16 @@ BEGIN, END = "<!-- testbed-table:begin -->", "<!-- testbed-table:end -->"
 AGREEMENT_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "testbed.md"
 
 
-def rewrite_agreement_table(rows, wall: dict[str, float], page: Path = AGREEMENT_PAGE) -> None:
+def rewrite_agreement_table(rows, wall: dict[str, float], page: Path = AGREEMENT_PAGE, *,
+                            recompared: bool = False) -> None:
     text = page.read_text()
     if BEGIN not in text or END not in text:
         raise ReplabError(f"{page}: the testbed section's markers {BEGIN} … {END} are missing")
     when = time.strftime("%Y-%m-%d", time.gmtime())
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items())
-    table = (f"{BEGIN}\n*From `make testbed` on {when} (wall time per scenario: {timing}). Each cell is "
+    how = (f"`make testbed TESTBED_ARGS=--recompare` on {when}: recorded runs judged again by the current model"
+           if recompared else f"`make testbed` on {when}")
+    table = (f"{BEGIN}\n*From {how} (wall time per scenario's recording: {timing}). Each cell is "
              f"predicted / observed.*\n\n{markdown_table(rows)}{END}")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
@@ -144,6 +150,9 @@ def suite_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="testbed-runs", help="run folders, lakehouse and MLflow store")
     ap.add_argument("--only", action="append", default=None, metavar="SCENARIO")
     ap.add_argument("--no-page", action="store_true", help="leave docs/guides/testbed.md as it is")
+    ap.add_argument("--recompare", action="store_true",
+                    help="judge the runs already recorded under --out again with the current model (no cluster); "
+                    "scenarios without a recording are run")
     args = ap.parse_args(argv)
     console = terminal()
     out = Path(args.out).resolve()
@@ -156,19 +165,25 @@ def suite_main(argv: list[str] | None = None) -> int:
         return spark
 
     wall: dict[str, float] = {}
+    recompared = False
     for scenario, policies in SUITE:
         if args.only and scenario not in args.only:
             continue
         console.rule(scenario)
-        folder = scenario if scenario not in wall else f"{scenario}-{'-'.join(policies)}"  # a second cluster
-        result = run_testbed(spark_factory, scenario, [parse_policy(p) for p in policies], list(policies),
-                             out / folder, lakehouse=lakehouse, tracking_uri=tracking,
-                             progress=lambda t: console.log(t))
+        folder = out / (scenario if scenario not in wall else f"{scenario}-{'-'.join(policies)}")  # a 2nd cluster
+        parsed = [parse_policy(p) for p in policies]
+        if args.recompare and (folder / RECORDING).is_file():
+            result = recompare_testbed(spark_factory, parsed, list(policies), folder, lakehouse=lakehouse,
+                                       tracking_uri=tracking, progress=lambda t: console.log(t))
+            recompared = True
+        else:
+            result = run_testbed(spark_factory, scenario, parsed, list(policies), folder, lakehouse=lakehouse,
+                                 tracking_uri=tracking, progress=lambda t: console.log(t))
+        wall[scenario] = wall.get(scenario, 0.0) + recorded_wall_s(folder)
         print_cases(result.cases, console)
-        wall[scenario] = wall.get(scenario, 0.0) + result.wall_s["total_s"]
     rows = agreement_rows(lakehouse)
     if not args.no_page:
-        rewrite_agreement_table(rows, wall)
+        rewrite_agreement_table(rows, wall, recompared=recompared)
         console.print(f"{AGREEMENT_PAGE}: {len(rows)} rows rewritten")
     return 0
 

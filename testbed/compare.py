@@ -7,8 +7,12 @@
   fate `committed` when the verifying consumer read it, else `lost` (acknowledged or sent, never read: an
   observer cannot tell a truncated write from one never appended, so fate agreement compares committed versus
   not committed). readable_at_end and visible_us are not observed (stranded and visibility lag are null).
-- Observed unavailability: per partition, the union of [produce, answer) of every message whose answer took
-  longer than UNAVAILABLE_AFTER_MS or was an error (to duration_us for messages still pending).
+- Unavailability, on both sides from the message outcomes by one definition (`outcome_unavailability`): a
+  partition is unavailable from the produce of a message it did not acknowledge within UNAVAILABLE_AFTER_MS
+  (failed, still pending, or acknowledged later) until that message's acknowledgement, or for a failed message
+  until the next produce the partition did acknowledge in time; summed over the replay's units on both sides
+  (`in_replay_units`: a RocketMQ group, whose queues the replay does not tell apart). The replay's own
+  unavailability (§4.3) is kept beside it as `replay_unavailable_partition_seconds`.
 - Both summaries come from the same code (`engine.metrics.run_summary`).
 - Failover: for each crash, shutdown or isolation, the partitions the broker led (sampled just before), the
   mean time from the fault to the first acknowledgement of a message produced after it, on both sides.
@@ -93,19 +97,50 @@ def observed_outcomes(rec: Recording, i: int, run_id: str, duration_us: int) -> 
                                        "visible_us", "_answer_us"])
 
 
-def observed_unavailability(outcomes: pd.DataFrame, duration_us: int) -> pd.DataFrame:
+def outcome_unavailability(outcomes: pd.DataFrame, duration_us: int) -> pd.DataFrame:
+    """Unavailable intervals per partition from message outcomes alone (module docstring), so that predicted and
+    observed are measured alike: a message not acknowledged within UNAVAILABLE_AFTER_MS opens an interval at its
+    produce; an acknowledged one closes it at its acknowledgement, a failed or pending one at the next produce of
+    the partition acknowledged in time (the end of the run if none). Measured where there is traffic, as §4.3."""
     from replay.results import merge_intervals
 
-    rows = []
     slow = UNAVAILABLE_AFTER_MS * 1000
-    for (run_id, p), g in outcomes.groupby(["run_id", "partition"]):
-        spans = []
-        for st, produce, answer in zip(g["status"], g["produce_us"], g["_answer_us"], strict=True):
-            end = duration_us if st == "pending" or pd.isna(answer) else min(int(answer), duration_us)
-            if st != "acked" or end - produce > slow:
-                spans.append((int(produce), int(end)))
-        rows += [(run_id, int(p), s, e) for s, e in merge_intervals(spans)]
+    rows = []
+    run_ids = outcomes["run_id"] if "run_id" in outcomes else pd.Series(None, index=outcomes.index, dtype=object)
+    frame = pd.DataFrame({"run_id": run_ids, "partition": outcomes["partition"],
+                          "produce_us": outcomes["produce_us"].astype("int64"), "status": outcomes["status"],
+                          "ack_us": pd.to_numeric(outcomes["ack_us"], errors="coerce")})
+    for (run_id, p), g in frame.groupby(["run_id", "partition"], dropna=False, sort=True):
+        g = g.sort_values("produce_us", kind="stable")
+        produce = g["produce_us"].to_numpy()
+        acked = (g["status"] == "acked").to_numpy()
+        ack = g["ack_us"].to_numpy()
+        in_time = acked & (ack - produce <= slow)
+        # the next produce acknowledged in time, at or after each message's own produce
+        nxt = np.full(len(produce), duration_us, dtype="int64")
+        following = duration_us
+        for j in range(len(produce) - 1, -1, -1):
+            nxt[j] = following
+            if in_time[j]:
+                following = int(produce[j])
+        spans = [(int(produce[j]), min(int(ack[j]) if acked[j] else int(nxt[j]), duration_us))
+                 for j in np.flatnonzero(~in_time)]
+        rows += [(None if pd.isna(run_id) else run_id, int(p), s, e) for s, e in merge_intervals(spans)]
     return pd.DataFrame(rows, columns=["run_id", "partition", "start_us", "end_us"])
+
+
+def in_replay_units(observed: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The observed outcomes with each message's partition replaced by the unit the replay judged it in (a
+    RocketMQ group holds many queues and the replay models the group; a Kafka partition is its own unit), so
+    that unavailability is summed over the same units on both sides."""
+    unit = observed["msg_id"].map(predicted.set_index("msg_id")["partition"])
+    return observed.assign(partition=unit.fillna(observed["partition"]).astype("int64"))
+
+
+def unavailable_seconds(spans: pd.DataFrame, duration_us: int) -> float:
+    """Partition-seconds of unavailability, intervals clipped to [0, duration_us] as `engine.metrics` does."""
+    clipped = (spans["end_us"].clip(upper=duration_us) - spans["start_us"].clip(lower=0)).clip(lower=0)
+    return float(clipped.sum()) / 1e6
 
 
 def failover_ms(rec: Recording, i: int, outcomes: pd.DataFrame) -> float | None:
@@ -183,12 +218,11 @@ def summary_local(outcomes: pd.DataFrame, unavailable: pd.DataFrame, duration_us
     acked = outcomes["status"] == "acked"
     committed = outcomes["fate"] == "committed"
     lat = (outcomes.loc[acked, "ack_us"] - outcomes.loc[acked, "produce_us"]).to_numpy(dtype=float)
-    clipped = (unavailable["end_us"].clip(upper=duration_us) - unavailable["start_us"].clip(lower=0)).clip(lower=0)
     pct = (lambda q: float(np.percentile(lat, q)) / 1000) if len(lat) else (lambda q: None)
     return {
         "produced": len(outcomes), "acked": int(acked.sum()), "failed": int((outcomes["status"] == "failed").sum()),
         "pending": int((outcomes["status"] == "pending").sum()), "acked_lost": int((acked & ~committed).sum()),
         "failed_committed": int(((outcomes["status"] == "failed") & committed).sum()),
-        "unavailable_partition_seconds": float(clipped.sum()) / 1e6,
+        "unavailable_partition_seconds": unavailable_seconds(unavailable, duration_us),
         "ack_latency_p50_ms": pct(50), "ack_latency_p99_ms": pct(99),
     }

@@ -223,6 +223,15 @@ class CpuMeter:
         if raw:
             self.load.append(float(raw.split()[0]))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Its readings only: a stopped meter goes into the run's recording (`testbed.job.RECORDING`)."""
+        state = dict(self.__dict__)
+        state["_stop"], state["_thread"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _stop=threading.Event())
+
     def label_threads(self, label: str, before: set[int]) -> None:
         """Name this process's threads started since `before` (`thread_ids`), e.g. one producer's."""
         for tid in thread_ids() - before:

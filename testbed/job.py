@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import threading
@@ -20,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from testbed.compare import Case
+
+#: The whole recording of a run, beside its trace (`recompare_testbed`).
+RECORDING = "recording.pkl"
+#: The recording run's wall times.
+WALL = "wall.json"
 
 
 @dataclass
@@ -41,7 +47,6 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
     tracking code); without it no Spark starts at all (the fast test).
     """
-    from testbed.instruments import case_instruments, series
     from testbed.schedule import schedule_from_scenario
     from testbed.trace_writer import write_trace
 
@@ -68,8 +73,60 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         manifest = write_trace(rec, trace)
     for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
         shutil.rmtree(node, ignore_errors=True)  # the logs stay for a post-mortem, the data does not
+    # The whole recording, so that `recompare_testbed` can judge it again under a later model without a cluster.
+    with open(out / RECORDING, "wb") as f:
+        pickle.dump(rec, f, protocol=pickle.HIGHEST_PROTOCOL)
     t_recorded = time.monotonic()
+    cases = _compare_and_publish(spark_factory, rec, manifest, out, policies, labels, lakehouse=lakehouse,
+                                 tracking_uri=tracking_uri, mlflow=mlflow, spark_replay=spark_replay,
+                                 publish=publish, progress=progress)
+    wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
+            "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
+            "total_s": time.monotonic() - t_start}
+    (out / WALL).write_text(json.dumps(wall) + "\n")
+    return TestbedResult(out, trace, cases, rec, wall)
 
+
+def recorded_wall_s(out: Path) -> float:
+    """The recording run's wall time (`run_testbed`'s total), 0 when it is not known."""
+    path = Path(out) / WALL
+    return float(json.loads(path.read_text())["total_s"]) if path.is_file() else 0.0
+
+
+def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str | Path, *,
+                      lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
+                      spark_replay: bool = False, publish: bool = True, progress=print) -> TestbedResult:
+    """A recorded run judged again by the current model, without a cluster: DIR/recording.pkl and DIR/trace/
+    as `run_testbed` left them; comparison.json, outcomes/ and (with `publish`) the testbed's tables and MLflow
+    runs are rewritten. The policies must be the run's own (the recording holds one producer per policy)."""
+    from storage.trace_loader import locate
+
+    t_start = time.monotonic()
+    out = Path(out)
+    if not (out / RECORDING).is_file():
+        from schemas.errors import BadInput
+
+        raise BadInput(f"{out}: no {RECORDING} (a run recorded by `replab testbed run`)", rule="testbed-recompare")
+    with open(out / RECORDING, "rb") as f:
+        rec = pickle.load(f)  # a file run_testbed wrote, not user input
+    if len(rec.deliveries) != len(policies):
+        from schemas.errors import BadInput
+
+        raise BadInput(f"{out}: recorded with {len(rec.deliveries)} policies, asked to judge {len(policies)}",
+                       rule="testbed-recompare")
+    manifest = locate(out / "trace").manifest
+    cases = _compare_and_publish(spark_factory, rec, manifest, out, policies, labels, lakehouse=lakehouse,
+                                 tracking_uri=tracking_uri, mlflow=mlflow, spark_replay=spark_replay,
+                                 publish=publish, progress=progress)
+    return TestbedResult(out, out / "trace", cases, rec, {"compare_s": time.monotonic() - t_start,
+                                                          "total_s": time.monotonic() - t_start})
+
+
+def _compare_and_publish(spark_factory, rec, manifest, out: Path, policies: list, labels: list[str], *, lakehouse,
+                         tracking_uri, mlflow: bool, spark_replay: bool, publish: bool, progress) -> list[Case]:
+    from testbed.instruments import case_instruments, series
+
+    trace = out / "trace"
     if spark_replay:
         cases = compare_run(spark_factory(), rec, manifest, trace, policies, labels, lakehouse=lakehouse,
                             progress=progress)
@@ -104,10 +161,7 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         spark = spark_factory()
         # create=False: only the two testbed tables are made (on their first write), not the whole lakehouse.
         write_tables(spark, Lakehouse(lakehouse, spark, create=False), cases, manifest)
-    wall = {"cluster_start_s": rec.wall_s.get("cluster_start", 0.0), "trace_s": rec.wall_s.get("trace", 0.0),
-            "record_s": t_recorded - t_start, "compare_s": time.monotonic() - t_recorded,
-            "total_s": time.monotonic() - t_start}
-    return TestbedResult(out, trace, cases, rec, wall)
+    return cases
 
 
 @contextlib.contextmanager
@@ -183,12 +237,14 @@ def compare_local(rec, manifest, trace: Path, policies: list, labels: list[str])
     cases = []
     for i, policy in enumerate(policies):
         rid = run_id(manifest.trace_id, policy, __version__)
-        pred, pred_un = compare.predict_local(policy, manifest, table)
+        pred, replay_un = compare.predict_local(policy, manifest, table)
         obs = compare.observed_outcomes(rec, i, rid, manifest.duration_us)
-        obs_un = compare.observed_unavailability(obs, manifest.duration_us)
-        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred,
-                           compare.summary_local(pred, pred_un, manifest.duration_us), obs,
-                           compare.summary_local(obs, obs_un, manifest.duration_us)))
+        dur = manifest.duration_us
+        predicted = compare.summary_local(pred, compare.outcome_unavailability(pred, dur), dur)
+        predicted["replay_unavailable_partition_seconds"] = compare.unavailable_seconds(replay_un, dur)
+        observed = compare.summary_local(
+            obs, compare.outcome_unavailability(compare.in_replay_units(obs, pred), dur), dur)
+        cases.append(_case(rec, i, rid, policy.canonical(), labels[i], pred, predicted, obs, observed))
     return cases
 
 
@@ -214,10 +270,14 @@ def compare_run(spark, rec, manifest, trace: Path, policies: list, labels: list[
     for i, (run, summary) in enumerate(zip(report.runs, report.summaries, strict=True)):
         predicted = predicted_all[predicted_all["run_id"] == run.run_id].drop(columns="run_id")
         observed = compare.observed_outcomes(rec, i, run.run_id, manifest.duration_us)
-        unavailable = compare.observed_unavailability(observed, manifest.duration_us)
+        unavailable = compare.outcome_unavailability(compare.in_replay_units(observed, predicted),
+                                                     manifest.duration_us)
         info = RunInfo(run.run_id, manifest.duration_us, run.partitions, run.min_insync_replicas,
                        run.layout.brokers_used, run.layout.replicas_per_message, None)
         pred = {k: summary.get(k) for k in summary if k != "run_id"}
+        pred["replay_unavailable_partition_seconds"] = pred["unavailable_partition_seconds"]
+        pred["unavailable_partition_seconds"] = compare.unavailable_seconds(
+            compare.outcome_unavailability(predicted, manifest.duration_us), manifest.duration_us)
         cases.append(_case(rec, i, run.run_id, run.canonical, labels[i], predicted, pred, observed,
                            compare.summarize(spark, observed, unavailable, info)))
     return cases

@@ -6,7 +6,8 @@ import pytest
 
 from replay.kafka.kernels.common import set_state
 from replay.kafka.kernels.steady import transition
-from replay.kafka.reference.state import VALID_PREVIOUS_STATES, IllegalTransition, MsgState, check_transition
+from replay.kafka.reference.state import VALID_PREVIOUS_STATES, MsgState, check_transition
+from replay.shared.states import IllegalTransition
 
 LEGAL = [(p, n) for n in MsgState for p in MsgState if p in VALID_PREVIOUS_STATES[n]]
 ILLEGAL = [(p, n) for n in MsgState for p in MsgState if p not in VALID_PREVIOUS_STATES[n]]

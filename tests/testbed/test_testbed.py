@@ -100,6 +100,21 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
     assert manifest.duration_us == max(60_000_000, max(leader_crash.recording.sent_us.values()))
 
 
+def test_a_recorded_run_is_judged_again_without_a_cluster(leader_crash):
+    """`recompare_testbed` reads the run's recording back (the brokers' metrics and the clients' statistics
+    included) and gives the same comparison while the model is unchanged; a policy count the recording does not
+    hold is refused."""
+    from schemas.errors import BadInput
+    from testbed.job import recompare_testbed
+
+    before = (leader_crash.out / "comparison.json").read_text()
+    recompare_testbed(None, [parse_policy(p) for p in POLICIES], POLICIES, leader_crash.out, publish=False,
+                      progress=lambda _t: None)
+    assert (leader_crash.out / "comparison.json").read_text() == before
+    with pytest.raises(BadInput, match="recorded with 2 policies"):
+        recompare_testbed(None, [parse_policy(POLICIES[0])], POLICIES[:1], leader_crash.out, publish=False)
+
+
 def test_every_process_and_namespace_is_gone(leader_crash, children_before_run):
     from testbed.cluster import marked_java_pids
     from testbed.netns import leftover_namespaces

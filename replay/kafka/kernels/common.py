@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.kafka.kernels.steady import C_CLIENT, C_FENCE, C_RETRY, C_TICK, CODES_PER_INSTANT, Pending
-from replay.kafka.reference.state import IllegalTransition, MsgState, legal_transitions
+from replay.kafka.reference.state import MsgState, legal_transitions
+from replay.shared.states import IllegalTransition
 from schemas.trace import Kind
 
 # Position of an event within its instant (SPEC §2.2): `steady` defines the codes.

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from replay.kafka.reference.state import CLIENT, FENCE, ISR_CHECK, RETRY, IllegalTransition, MsgState, legal_transitions
+from replay.kafka.reference.state import CLIENT, FENCE, ISR_CHECK, RETRY, MsgState, legal_transitions
 from replay.shared.kernels.arrays import close_instant, compiled, in_runs, timeline_row
+from replay.shared.states import IllegalTransition
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 

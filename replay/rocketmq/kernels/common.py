@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.rocketmq.kernels.steady import NONE, Pending
-from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
+from replay.rocketmq.reference.state import MsgState, legal_transitions
+from replay.shared.states import IllegalTransition
 from schemas.trace import Kind
 
 C_REPLICATE, C_PRODUCE = int(Kind.REPLICATE), int(Kind.PRODUCE)

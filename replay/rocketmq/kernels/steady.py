@@ -20,8 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 from replay.rocketmq.control import INF, KEY
-from replay.rocketmq.reference.state import IllegalTransition, MsgState, legal_transitions
+from replay.rocketmq.reference.state import MsgState, legal_transitions
 from replay.shared.kernels.arrays import close_instant, compiled, in_runs, kth_largest, timeline_row
+from replay.shared.states import IllegalTransition
 from schemas.outcomes import NULL_US, Error
 from schemas.trace import Kind
 

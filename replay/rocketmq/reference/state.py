@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from replay.policies import Policy
+from replay.shared import states as shared_states
 from schemas.outcomes import NULL_US, Error, Status
 from schemas.units import MS
 
@@ -32,19 +33,14 @@ VALID_PREVIOUS_STATES: dict[MsgState, frozenset[MsgState]] = {
 }
 
 
-class IllegalTransition(AssertionError):
-    """A message moved between two states that `VALID_PREVIOUS_STATES` does not link: a defect of the replay."""
-
-
 def check_transition(previous: int, new: int) -> None:
     """Raise unless a message may move from `previous` to `new` (`VALID_PREVIOUS_STATES`)."""
-    if MsgState(previous) not in VALID_PREVIOUS_STATES[MsgState(new)]:
-        raise IllegalTransition(f"{MsgState(previous).name} -> {MsgState(new).name}")
+    shared_states.check_transition(VALID_PREVIOUS_STATES, MsgState, previous, new)
 
 
 def legal_transitions() -> list[list[bool]]:
-    """`VALID_PREVIOUS_STATES` as a table for compiled code: [new][previous] is whether it is legal."""
-    return [[MsgState(p) in VALID_PREVIOUS_STATES[MsgState(n)] for p in sorted(MsgState)] for n in sorted(MsgState)]
+    """`VALID_PREVIOUS_STATES` as a table for compiled code: [new][previous], in `MsgState`'s order."""
+    return shared_states.legal_transitions(VALID_PREVIOUS_STATES, MsgState)
 
 
 @dataclass
