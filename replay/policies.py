@@ -222,6 +222,23 @@ class KafkaPolicy(Policy):
     metadata_max_age_ms: int = param(300000, "how long clients keep writing to an isolated leader that still "
                                      "answers", unit="ms", minimum=1,
                                      source="`metadata.max.age.ms` (ProducerConfig)")
+    linger_ms: int = param(5, "a message waits this long in the client before its batch can be sent (SPEC §3.7 "
+                           "K-6, K-7)", unit="ms", minimum=0,
+                           source="`linger.ms` (ProducerConfig; 5 since 4.0, KIP-1030)")
+    batch_size: int = param(16384, "the most bytes of one partition a produce request carries; the rest waits for "
+                            "the partition's next request (SPEC §3.7 K-6)", unit="bytes", minimum=1,
+                            source="`batch.size` (ProducerConfig)")
+    max_in_flight_requests_per_connection: int = param(
+        5, "requests a client may have outstanding on one broker connection; with 1 the broker idles a round trip "
+        "between two requests, with more the next request is already queued when the previous is answered "
+        "(SPEC §3.7 K-6)", minimum=1, maximum=5,
+        source="`max.in.flight.requests.per.connection` (ProducerConfig; at most 5 with idempotence)")
+    partitions_per_request: int | None = param(
+        None, "partitions of one broker a produce request carries: null = all of them (the Java producer), 1 = "
+        "librdkafka (confluent-kafka, the Go, .NET and C clients); a client property, not a Kafka config "
+        "(SPEC §3.7 K-6)", minimum=1, nullable=True,
+        source="Java `Sender.sendProduceRequests` (one request per broker); librdkafka "
+        "`rd_kafka_broker_produce_toppar` (one partition per ProduceRequest, librdkafka issue #1700)")
     assignment: Assignment = param(Assignment.SEED, "`seed`: replica j of partition i on broker (i + j) mod N; "
                                    "`kafka`: AdminUtils round-robin with shift, start index 0",
                                    source="seed: SPEC §3.2; kafka: `AdminUtils.assignReplicasToBrokers` "

@@ -16,6 +16,8 @@ from schemas.errors import BadInput
 
 TRACE_FORMAT = "replab-trace"
 TRACE_VERSION = 1
+#: Manifest `client_round_trip_us` when a trace does not carry one (SPEC §3.7 K-7): a same-datacenter round trip.
+DEFAULT_CLIENT_ROUND_TRIP_US = 1000
 
 
 class Kind(IntEnum):
@@ -101,6 +103,10 @@ class Manifest:
     # NameServer at route_poll_phase_us + k × route_refresh_ms. Generated traces poll from 0; a trace recorded on
     # a real cluster carries its client's phase, so the replay polls when the real client did.
     route_poll_phase_us: int = 0
+    # The round trip of a produce request between the clients and a partition leader, its append included (SPEC §2,
+    # §3.7 K-7): an acks=1 acknowledgement reaches the client this long after the append. Generated traces assume a
+    # same-datacenter network (1 ms); a trace recorded on a real cluster carries the round trip its client measured.
+    client_round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US
 
     @property
     def broker_ids(self) -> tuple[int, ...]:
@@ -115,7 +121,9 @@ class Manifest:
             "duration_us": self.duration_us,
             "seed": self.seed,
             "generator": self.generator,
-        } | ({"route_poll_phase_us": self.route_poll_phase_us} if self.route_poll_phase_us else {})
+        } | ({"route_poll_phase_us": self.route_poll_phase_us} if self.route_poll_phase_us else {}) | (
+            {"client_round_trip_us": self.client_round_trip_us}
+            if self.client_round_trip_us != DEFAULT_CLIENT_ROUND_TRIP_US else {})
 
     def write(self, trace_dir: str | Path) -> Path:
         path = Path(trace_dir) / "manifest.json"
@@ -132,7 +140,8 @@ class Manifest:
 
         if not isinstance(raw, dict):
             raise BadInput("manifest must be a JSON object", file=file, rule="manifest")
-        known = {"format", "version", "trace_id", "brokers", "duration_us", "seed", "generator", "route_poll_phase_us"}
+        known = {"format", "version", "trace_id", "brokers", "duration_us", "seed", "generator", "route_poll_phase_us",
+                 "client_round_trip_us"}
         for key in raw:
             if key not in known:
                 raise bad(key, f"unknown key (known: {', '.join(sorted(known))})")
@@ -172,7 +181,11 @@ class Manifest:
         phase = raw.get("route_poll_phase_us", 0)
         if not isinstance(phase, int) or isinstance(phase, bool) or phase < 0:
             raise bad("route_poll_phase_us", f"must be an integer >= 0 (microseconds), got {phase!r}")
-        return cls(raw["trace_id"], tuple(brokers), duration, seed, gen, route_poll_phase_us=phase)
+        rtt = raw.get("client_round_trip_us", DEFAULT_CLIENT_ROUND_TRIP_US)
+        if isinstance(rtt, bool) or not isinstance(rtt, int) or rtt < 0:
+            raise bad("client_round_trip_us", f"must be an integer >= 0 (microseconds), got {rtt!r}")
+        return cls(raw["trace_id"], tuple(brokers), duration, seed, gen, route_poll_phase_us=phase,
+                   client_round_trip_us=rtt)
 
     @classmethod
     def read(cls, trace_dir: str | Path) -> Manifest:

@@ -19,13 +19,10 @@ def idempotent(policy: KafkaPolicy) -> bool:
 
 
 #: The producer settings a policy does not name, at the defaults of Kafka 4.1's Java producer (ProducerConfig),
-#: which is what users run: five requests in flight per connection (the idempotent producer keeps their order),
-#: `linger.ms` 5 (KIP-1030, 4.0), 16 KiB batches, no compression. librdkafka's own defaults differ in batch.size
-#: (1 MB), so each is set.
+#: which is what users run: no compression. `linger.ms`, `batch.size` and `max.in.flight.requests.per.connection`
+#: are policy parameters (Kafka 4.1 defaults 5, 16384, 5; `replay/policies.py`) and set from the policy, since
+#: librdkafka's own defaults differ (batch.size 1 MB).
 CLIENT_DEFAULTS: dict[str, Any] = {
-    "max.in.flight.requests.per.connection": 5,
-    "linger.ms": 5,
-    "batch.size": 16384,
     "compression.type": "none",
 }
 #: librdkafka's statistics callback cadence (its rtt, int_latency and outbuf_latency windows are this long).
@@ -39,6 +36,10 @@ def producer_config(policy: KafkaPolicy, bootstrap: str, stats_cb=None) -> dict[
     stats = {"statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": stats_cb} if stats_cb is not None else {}
     return {
         **CLIENT_DEFAULTS,
+        # the policy's client settings (SPEC §3.7 K-6, K-7): what the replay predicts with is what the producer runs
+        "linger.ms": policy.linger_ms,
+        "batch.size": policy.batch_size,
+        "max.in.flight.requests.per.connection": policy.max_in_flight_requests_per_connection,
         "bootstrap.servers": bootstrap,
         "acks": acks,
         "request.timeout.ms": policy.request_timeout_ms,

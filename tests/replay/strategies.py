@@ -114,7 +114,14 @@ def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
         "metadata_max_age_ms": draw(st.sampled_from([3000, 12000, 300000])),
         "client_failover_ms": draw(st.sampled_from([0, 100, 1500])),
         "assignment": draw(st.sampled_from(["seed", "kafka"])),
+        # the client's pipeline (SPEC §3.7 K-6, K-7): a linger longer than a fetch gap, one-message batches
+        "linger_ms": draw(st.sampled_from([0, 5, 300])),
+        "batch_size": draw(st.sampled_from([100, 16384])),
+        "max_in_flight_requests_per_connection": draw(st.sampled_from([1, 5])),
     }
+    per_request = draw(st.sampled_from([None, 1, 2]))
+    if per_request is not None:
+        params["partitions_per_request"] = per_request
     flush = draw(st.sampled_from(["os", "sync", "interval"]))
     if flush == "sync":
         params["flush"] = "sync"

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.local import replay_local
+from replay.policies import Acks
 from replay.results import StateRow, coalesce_states
 from schemas.outcomes import NULL_US, Error, Fate, Status
 
@@ -222,6 +223,10 @@ def test_pinned_regressions(policy, duration_us, events, outcomes, timeline):
     manifest = Manifest("regression", (Broker(0, "r0"), Broker(1, "r1")), duration_us)
     pol = parse_policy(policy)
     expected_states = [StateRow(*row) for row in timeline]
+    # The pins hold the instants the leader answers; the client sees them linger_ms plus, unless acks=0, the round
+    # trip later (SPEC §3.7 K-6, K-7).
+    delay = pol.linger_ms * 1000 + (0 if pol.acks is Acks.ZERO else manifest.client_round_trip_us)
+    outcomes = [(m, st, er, ack if ack == N else ack + delay, *rest) for m, st, er, ack, *rest in outcomes]
     for engine in ("reference", "kernel"):
         (res,) = replay_local(pol, manifest, table, engine=engine)
         j, r = res.messages, res.messages.records
@@ -261,7 +266,8 @@ def test_re_elected_leader_acknowledges_what_its_election_commits_at_once():
         for res in results:
             r = res.messages.records
             acks.update({(engine, m): a for m, a in zip(r.msg_id.tolist(), r.ack_us.tolist(), strict=True)})
-    assert acks[("reference", 6)] == acks[("kernel", 6)] == 9_001_000
+    # the client hears it linger_ms (5 ms) plus the 1 ms round trip later (SPEC §3.7 K-6)
+    assert acks[("reference", 6)] == acks[("kernel", 6)] == 9_001_000 + 6_000
     assert acks[("reference", 2)] == acks[("kernel", 2)] == NULL_US  # its deadline (5 s) passed in the zombie
     _check((manifest, table, policy))
 
@@ -295,7 +301,8 @@ def test_a_retried_message_becomes_visible_through_its_earlier_copy():
       appended again at offset 0 of epoch 1; follower 2 never reports, the high watermark stays 0.  20 s: 1 and
       2 crash, fenced at 29 s: no leader.  35 s: 0 heals and leads (unclean, epoch 2) with its own log: m1's
       earlier copy commits (ISR {0}, high watermark 1): visible at 35 s.  36.5 s: clients reach 0, whose log
-      holds that copy: m1's position becomes it and it is acknowledged."""
+      holds that copy: m1's position becomes it and it is acknowledged; the client hears it linger_ms (5 ms)
+      plus the 1 ms round trip later (SPEC §3.7 K-6)."""
     from replay.policies import parse_policy
     from schemas.trace import Broker, Manifest
 
@@ -314,5 +321,5 @@ def test_a_retried_message_becomes_visible_through_its_earlier_copy():
         r, j = res.messages.records, res.messages
         assert list(zip(r.msg_id.tolist(), r.status.tolist(), r.ack_us.tolist(), r.visible_us.tolist(),
                         j.fate.tolist(), j.readable_at_end.tolist(), j.offset.tolist(), strict=True)) == [
-            (1, Status.ACKED, 36_500_000, 35_000_000, Fate.COMMITTED, True, 0)], engine
+            (1, Status.ACKED, 36_500_000 + 6_000, 35_000_000, Fate.COMMITTED, True, 0)], engine
         assert coalesce_states(res.states, WINDOW_US) == expected_states, engine

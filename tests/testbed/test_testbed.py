@@ -172,11 +172,15 @@ def test_producer_settings_follow_the_policy():
     c1, c_all = producer_config(acks1, "b:9092"), producer_config(acks_all, "b:9092")
     assert (c1["acks"], c1["enable.idempotence"], idempotent(acks1)) == ("1", False, False)
     assert (c_all["acks"], c_all["enable.idempotence"], idempotent(acks_all)) == ("all", True, True)
-    # What a user runs: Kafka 4.1's producer defaults for everything a policy does not name, on both producers.
+    # What a user runs: Kafka 4.1's producer defaults, the policy's own defaults for linger.ms, batch.size and
+    # requests in flight (SPEC §3.7 K-6), on both producers; a policy that names them is followed.
     for c in (c1, c_all):
         assert (c["max.in.flight.requests.per.connection"], c["linger.ms"], c["batch.size"],
                 c["compression.type"]) == (5, 5, 16384, "none")
         assert "statistics.interval.ms" not in c
+    tuned = producer_config(parse_policy("kafka:linger_ms=0,batch_size=1000,max_in_flight_requests_per_connection=1"),
+                            "b:9092")
+    assert (tuned["linger.ms"], tuned["batch.size"], tuned["max.in.flight.requests.per.connection"]) == (0, 1000, 1)
     with_stats = producer_config(acks_all, "b:9092", stats_cb=print)
     assert (with_stats["statistics.interval.ms"], with_stats["stats_cb"]) == (1000, print)
     assert c_all["request.timeout.ms"] == acks_all.request_timeout_ms

@@ -18,6 +18,7 @@ leader appended (16 bytes per appended message); messages are kept only until th
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -35,9 +36,11 @@ from replay.kafka.kernels.common import (
 )
 from replay.kafka.kernels.control import KafkaControl
 from replay.kafka.kernels.outputs import KafkaOutputs
+from replay.kafka.kernels.pipeline import plan_requests_compiled, shift_acks_compiled
 from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, Durability, Flush, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
+from replay.kafka.pipeline import ClientPipeline
 from replay.kafka.reference.state import ISR_CHECKS_PER_LAG_TIME
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
@@ -58,7 +61,7 @@ from replay.shared.kernels.arrays import (
 )
 from replay.shared.kernels.judge import judge
 from replay.shared.kernels.records import all_records, record_table
-from schemas.trace import Kind
+from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Kind
 from schemas.units import MS, S
 
 
@@ -66,8 +69,11 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     """Chunked replay of one partition: `advance()` time chunks in order, then `finish()`."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
-                 window_us: int = S) -> None:
+                 window_us: int = S, leaders_on_broker: Mapping[int, int] | None = None,
+                 round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
+        # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied when the partition finishes
+        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
         self.partition = partition
         self.order = tuple(replicas)
         self.ix = {b: i for i, b in enumerate(self.order)}
@@ -152,6 +158,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     def advance(self, events: PartitionEvents, until_us: int) -> None:
         """Apply every event of the chunk (all with ts_us < until_us) and every derived event before until_us."""
         ev = events
+        self.client.observe(ev)
         rep_ix = member_index(ev.broker_id, np.array(self.order, dtype=np.int64))  # each broker event's replica
         ctrl = (ev.broker_kind < C_REPLICATE) & (rep_ix >= 0)
         c_key = key(ev.broker_ts[ctrl], ev.broker_kind[ctrl].astype(np.int64))
@@ -206,6 +213,7 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
             m, e, o = self.extra["msg_id"], self.extra["epoch"], self.extra["offset"]
             order = np.lexsort((o, e, m))
             records.extra_positions = np.stack([m[order], e[order], o[order]], axis=1)
+        records = self.client.apply(records, rows, plan_requests_compiled, shift_acks_compiled)
         result = PartitionResult(self.partition, judge(records, view), rows,
                                  merge_intervals(self.timeline.unavail), self.replication_bytes)
         result.view = view  # type: ignore[attr-defined]
@@ -309,8 +317,10 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
 
 
 def replay_partition(policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], events: PartitionEvents,
-                     duration_us: int) -> PartitionResult:
+                     duration_us: int, leaders_on_broker: Mapping[int, int] | None = None,
+                     round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> PartitionResult:
     """Kernel replay of one partition in one pass."""
-    replay = KafkaPartitionReplay(policy, partition, replicas, duration_us)
+    replay = KafkaPartitionReplay(policy, partition, replicas, duration_us, leaders_on_broker=leaders_on_broker,
+                                  round_trip_us=round_trip_us)
     replay.advance(events, duration_us + 1)
     return replay.finish()

@@ -34,15 +34,18 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
 - K-3 the controller's view of electability (`ClusterControlManager.isActive`, `ReplicationControlManager`):
   `_electable`; an isolated broker elected learns of it only when it heals (`unaware`, `_lead`).
 - K-4 last known leader with ELR (KIP-966, `PartitionChangeBuilder`): `_elect`.
+- K-6 the client's per-connection pipeline and K-7 the acks=0/1 acknowledgement (`SocketServer`, `DelayedProduce`,
+  the producer's `linger.ms`): `replay.kafka.pipeline.plan_requests`, applied to the records in `_finish`.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from replay.events import PartitionEvents
+from replay.kafka.pipeline import ClientPipeline
 from replay.kafka.reference.clients import KafkaReferenceClients
 from replay.kafka.reference.control import KafkaReferenceControl
 from replay.kafka.reference.outputs import KafkaReferenceOutputs
@@ -59,15 +62,19 @@ from replay.kafka.reference.state import (
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, FlushMode, KafkaPolicy
 from replay.results import PartitionResult, StateRow
 from schemas.outcomes import NULL_US
-from schemas.trace import Kind
+from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Kind
 from schemas.units import MS
 
 
 class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenceOutputs):
     """Replays one partition of a trace under a `kafka` policy."""
 
-    def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int) -> None:
+    def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
+                 leaders_on_broker: Mapping[int, int] | None = None,
+                 round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
+        # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied in `_finish`
+        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
         self.partition = partition
         self.order = replicas  # assignment order; the first is the preferred leader
         self.duration_us = duration_us
@@ -183,6 +190,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
 
     # ------------------------------------------------------------------------------------- main loop
     def run(self, events: PartitionEvents) -> PartitionResult:
+        self.client.observe(events)
         trace = self._trace_events(events)
         # Rule 6: ISR check ticks every replica_lag_time_max_ms / 2 from time 0.
         self._push(0, ISR_CHECK, "isr_check", 0)
@@ -310,6 +318,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
 
 
 def replay_partition(policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], events: PartitionEvents,
-                     duration_us: int) -> PartitionResult:
+                     duration_us: int, leaders_on_broker: Mapping[int, int] | None = None,
+                     round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> PartitionResult:
     """Reference replay of one partition (SPEC §9)."""
-    return KafkaReference(policy, partition, replicas, duration_us).run(events)
+    return KafkaReference(policy, partition, replicas, duration_us, leaders_on_broker, round_trip_us).run(events)

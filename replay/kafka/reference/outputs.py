@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 
+from replay.kafka.pipeline import plan_requests
 from replay.policies import Acks
 from replay.results import FinalView, MessageRecords, PartitionResult, StateRow, judge
 from replay.shared.reference.records import epoch_runs, message_records, unavailable_intervals
@@ -70,7 +71,8 @@ class KafkaReferenceOutputs:
                 final._truncate_to_leader(r)
         final_runs = None if final.leader is None else epoch_runs(final.rep[final.leader].log)
         view = FinalView(final_runs, *end_view)
-        return PartitionResult(self.partition, judge(self._records(), view), self.rows,
+        records = self.client.apply(self._records(), self.rows, plan_requests)
+        return PartitionResult(self.partition, judge(records, view), self.rows,
                                self._unavailable_intervals(), self.replication_bytes)
 
     def _end_view(self) -> tuple[np.ndarray, int, bool]:

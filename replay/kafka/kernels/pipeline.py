@@ -1,0 +1,102 @@
+"""The kernel's twin of `replay.kafka.pipeline.plan_requests` (SPEC §3.7 K-6): the same requests, compiled, with
+one forward cursor per follower over the partition's broker events and one over the timeline instead of a split
+and a search per request (every instant the plan asks about is at or after the previous one)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.shared.kernels.arrays import compiled
+from schemas.trace import Kind
+
+_NEVER = np.iinfo(np.int64).max  # numba reads module globals as compile-time constants
+_REPLICATE = int(Kind.REPLICATE)
+
+
+@compiled
+def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto,
+                           st_ts, st_mask, st_led):
+    n = len(prod)
+    out = eng.copy()
+    cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
+    row = np.zeros(1, dtype=np.int64)
+    row[0] = -1
+    turn = -_NEVER
+    i = 0
+    while i < n:
+        if not ok[i]:
+            i += 1
+            continue
+        s = max(prod[i], turn)
+        j = i
+        used = 0
+        done = s
+        while j < n and (j == i or prod[j] <= s):
+            if ok[j]:
+                if j > i and used + size[j] > batch:
+                    break
+                used += size[j]
+                done = max(done, eng[j])
+            j += 1
+        cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
+        if cyc != _NEVER:
+            done = max(done, cyc)
+        for k in range(i, j):
+            if ok[k]:
+                out[k] = done + linger + rtt
+        i = j
+        turn = done + gap
+        if i < n and prod[i] <= done:
+            for _ in range(turns - 1):
+                x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
+                if x == _NEVER:
+                    break
+                turn = x + gap
+    return out
+
+
+@compiled(inline=True)
+def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led):
+    r = row[0]
+    while r + 1 < len(st_ts) and st_ts[r + 1] <= s:
+        r += 1
+    row[0] = r
+    if r < 0 or not st_led[r]:
+        return _NEVER
+    mask = st_mask[r]
+    done = s
+    m = len(b_ts)
+    k = 0
+    while (mask >> k) != 0:
+        if (mask >> k) & 1:
+            # the answer for a later instant is at or after this one's (it asks ts > s and upto ≥ s of a
+            # larger s), so the cursor only moves forward: linear over the whole plan
+            b = reps[k]
+            c = cur[k]
+            while c < m and (b_ts[c] <= s or b_kind[c] != _REPLICATE or b_who[c] != b or b_upto[c] < s):
+                c += 1
+            cur[k] = c
+            if c == m:
+                return _NEVER
+            done = max(done, b_ts[c])
+        k += 1
+    return done
+
+
+@compiled
+def shift_acks_compiled(ack, produce, status, error, delay, duration, timeout, failed, pending, request_timeout):
+    """SPEC §3.7 K-7 in one pass, in place: every acknowledgement `delay` later; one that comes after the
+    delivery timeout fails (request_timeout), one after the trace's end is pending (`ClientPipeline.settle`)."""
+    for r in range(len(ack)):
+        if ack[r] < 0:
+            continue
+        a = ack[r] + delay
+        if a - produce[r] > timeout:
+            ack[r] = -1
+            status[r] = failed
+            error[r] = request_timeout
+        elif a > duration:
+            ack[r] = -1
+            status[r] = pending
+        else:
+            ack[r] = a

@@ -1,0 +1,225 @@
+"""The producer's side of an acknowledgement (SPEC §3.7 K-6, K-7), shared by both `kafka` engines.
+
+The engines decide each message's fate and the instant the leader could answer it as if the client sent every
+message the moment it was produced. This module turns that instant into the one the application sees:
+
+- K-7 (acks=0, acks=1): the batch leaves linger_ms after the message and the answer comes back one round trip
+  (manifest `client_round_trip_us`) after the leader's append; acks=0 counts a message as sent when its batch leaves.
+- K-6 (acks=all): the client's per-connection pipeline. The broker serves one request per connection at a time
+  (`SocketServer` mutes the channel until the response is sent) and an acks=all request is answered at the first
+  instant every ISR follower has fetched past its records (`DelayedProduce`, `Partition.maybeIncrementLeaderHW`).
+  The followers fetch all partitions of one leader in one request, so every partition of that leader sees the same
+  fetch instants: the trace's `replicate` events of this partition. A partition's next request is read once the
+  connection's previous ones are answered; with P_b partitions led by the broker and `partitions_per_request`
+  partitions per request, ceil(P_b / partitions_per_request) requests take turns, one fetch cycle each, whenever
+  the partition has more waiting (all partitions are taken to be loaded alike).
+
+The pass is the same for both engines: the reference interpreter runs `plan_requests` (readable Python), the
+kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential tests hold them equal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from replay.events import PartitionEvents
+from replay.policies import Acks, KafkaPolicy
+from replay.results import MessageRecords, StateRow
+from schemas.outcomes import NULL_US, Error, Status
+from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Kind
+from schemas.units import MS
+
+#: No fetch cycle answers the request (no leader, or a follower never fetches again): the engine's instant stands.
+NEVER = np.iinfo(np.int64).max
+
+
+def leaders_on_broker(replicas: Mapping[int, Sequence[int]]) -> dict[int, int]:
+    """P_b of SPEC §3.7 K-6: how many partitions each broker leads in the layout (its preferred leaders)."""
+    counts: dict[int, int] = {}
+    for reps in replicas.values():
+        counts[reps[0]] = counts.get(reps[0], 0) + 1
+    return counts
+
+
+@dataclass
+class ClientPipeline:
+    """What the pass needs of one partition: the policy's client settings, P_b, the round trip, and the
+    partition's produce sizes and follower fetches as the engine sees them (chunk by chunk for the kernel)."""
+
+    policy: KafkaPolicy
+    replicas: tuple[int, ...]
+    duration_us: int
+    leaders_on_broker: Mapping[int, int] | None = None
+    round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US
+    msg: list[np.ndarray] = field(default_factory=list)
+    size: list[np.ndarray] = field(default_factory=list)
+    fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        """Requests that take turns on the leader's connection while every partition has data waiting."""
+        p_b = (self.leaders_on_broker or {}).get(self.replicas[0], 1)
+        per = self.policy.partitions_per_request
+        return 1 if per is None else max(1, math.ceil(p_b / per))
+
+    @property
+    def gap_us(self) -> int:
+        """With one request in flight the broker idles a round trip between two requests of the connection."""
+        return self.round_trip_us if self.policy.max_in_flight_requests_per_connection == 1 else 0
+
+    def observe(self, ev: PartitionEvents) -> None:
+        if self.policy.acks is not Acks.ALL:
+            return  # K-7 needs no more than the records
+        self.msg.append(ev.produce_msg)
+        self.size.append(ev.produce_size)
+        self.fetch.append((ev.broker_ts, ev.broker_kind, ev.broker_id, ev.broker_upto))
+
+    def inputs(self, rec: MessageRecords, rows: Sequence[StateRow]) -> tuple:
+        """The arrays `plan_requests` takes: messages in produce order, the broker events as observed (the
+        planner picks each follower's `replicate` events), the ISR timeline at its leader and ISR changes."""
+        # records come in msg_id order, usually also produce order: sort only when they are not
+        sorted_ = not len(rec.msg_id) or bool(np.all(rec.produce_us[1:] >= rec.produce_us[:-1]))
+        order = slice(None) if sorted_ else np.lexsort((rec.msg_id, rec.produce_us))
+        msg, size = _joined(self.msg, np.int64), _joined(self.size, np.int64)
+        if len(msg) == len(rec.msg_id) and np.array_equal(msg, rec.msg_id[order]):
+            sizes = size  # the produce events in the records' produce order (the common case)
+        else:
+            by_id = np.argsort(msg, kind="stable")
+            sizes = size[by_id][np.searchsorted(msg[by_id], rec.msg_id[order])]
+        ok = rec.status[order] == int(Status.ACKED)
+        f_ts, f_kind, f_who, f_upto = (_joined([f[i] for f in self.fetch], dt)
+                                       for i, dt in enumerate((np.int64, np.int8, np.int64, np.int64)))
+        st_ts, st_mask, st_led = [], [], []
+        last = None
+        for r in rows:
+            if last is None or (r.leader, r.isr) != last:
+                last = (r.leader, r.isr)
+                st_ts.append(r.ts_us)
+                st_led.append(r.leader is not None)
+                st_mask.append(0 if r.leader is None else sum(1 << self.replicas.index(b) for b in r.isr
+                                                               if b != r.leader and b in self.replicas))
+        return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, np.array(self.replicas, np.int64),
+                f_ts, f_kind, f_who, f_upto, np.array(st_ts, np.int64), np.array(st_mask, np.int64),
+                np.array(st_led, np.bool_))
+
+    def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner, shifter=None) -> MessageRecords:
+        """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
+        `plan_requests` or its compiled twin, `shifter` the kernel's one-pass K-7 (`shift_acks_compiled`). A
+        message whose answer would come after its delivery timeout fails with request_timeout; one whose answer
+        would come after the trace's end is pending (SPEC §4.1)."""
+        p = self.policy
+        linger = p.linger_ms * MS
+        timeout = p.delivery_timeout_ms * MS
+        if p.acks is not Acks.ALL:
+            delay = linger + (self.round_trip_us if p.acks is Acks.ONE else 0)
+            if shifter is not None:  # the kernel's records are views of its own columns: changed on copies
+                ack, status, error = rec.ack_us.copy(), rec.status.copy(), rec.error.copy()
+                shifter(ack, rec.produce_us, status, error, delay, self.duration_us, timeout, int(Status.FAILED),
+                        int(Status.PENDING), int(Error.REQUEST_TIMEOUT))
+                return replace(rec, status=status, error=error, ack_us=ack)
+            ack = rec.ack_us.copy()  # set exactly where the message is acknowledged
+            np.add(ack, delay, out=ack, where=ack != NULL_US)
+        else:
+            order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
+            planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
+                              p.batch_size, *rest)
+            if isinstance(order, slice):
+                ack = planned
+            else:
+                ack = rec.ack_us.copy()
+                ack[order] = planned
+        return self.settle(rec, ack, timeout)
+
+    def settle(self, rec: MessageRecords, ack: np.ndarray, timeout: int) -> MessageRecords:
+        """An answer after the delivery timeout fails the message (request_timeout); one after the trace's end
+        leaves it pending (SPEC §4.1)."""
+        beyond = np.flatnonzero((ack > self.duration_us) | (ack - rec.produce_us > timeout))  # NULL_US is neither
+        if not len(beyond):
+            return replace(rec, ack_us=ack)
+        status, error = rec.status.copy(), rec.error.copy()
+        late = ack[beyond] - rec.produce_us[beyond] > timeout
+        status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))
+        error[beyond[late]] = int(Error.REQUEST_TIMEOUT)
+        ack[beyond] = NULL_US
+        return replace(rec, status=status, error=error, ack_us=ack)
+
+
+def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:
+    """The first instant after s at which every follower in `mask` has fetched past what was appended at s."""
+    done = s
+    k = 0
+    while mask >> k:
+        if (mask >> k) & 1:
+            j = int(np.searchsorted(f_ts[f_off[k]:f_off[k + 1]], s, side="right")) + int(f_off[k])
+            while j < f_off[k + 1] and f_upto[j] < s:
+                j += 1
+            if j == f_off[k + 1]:
+                return NEVER
+            done = max(done, int(f_ts[j]))
+        k += 1
+    return done
+
+
+def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
+    """`_cycle` with the ISR in force at s (the engine's timeline); NEVER while the partition has no leader."""
+    r = int(np.searchsorted(st_ts, s, side="right")) - 1
+    if r < 0 or not st_led[r]:
+        return NEVER
+    return _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
+
+
+def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto, st_ts,
+                  st_mask, st_led) -> np.ndarray:
+    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request leaves at
+    s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
+    up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
+    instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
+    wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each."""
+    # each follower's fetches, in time order (the events are), one block per replica
+    fetches = b_kind == int(Kind.REPLICATE)
+    mine = [fetches & (b_who == b) for b in reps]
+    f_ts = np.concatenate([b_ts[m] for m in mine])
+    f_upto = np.concatenate([b_upto[m] for m in mine])
+    f_off = np.concatenate([[0], np.cumsum([int(m.sum()) for m in mine])]).astype(np.int64)
+    n = len(prod)
+    out = eng.copy()
+    turn = -NEVER
+    i = 0
+    while i < n:
+        if not ok[i]:
+            i += 1
+            continue
+        s = max(int(prod[i]), turn)
+        j, used, done = i, 0, s
+        while j < n and (j == i or int(prod[j]) <= s):
+            if ok[j]:
+                if j > i and used + int(size[j]) > batch:
+                    break
+                used += int(size[j])
+                done = max(done, int(eng[j]))
+            j += 1
+        cyc = next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+        if cyc != NEVER:
+            done = max(done, cyc)
+        for k in range(i, j):
+            if ok[k]:
+                out[k] = done + linger + rtt
+        i = j
+        turn = done + gap
+        if i < n and int(prod[i]) <= done:
+            for _ in range(turns - 1):
+                x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+                if x == NEVER:
+                    break
+                turn = x + gap
+    return out
