@@ -116,13 +116,9 @@ def outcome_unavailability(outcomes: pd.DataFrame, duration_us: int) -> pd.DataF
         acked = (g["status"] == "acked").to_numpy()
         ack = g["ack_us"].to_numpy()
         in_time = acked & (ack - produce <= slow)
-        # the next produce acknowledged in time, at or after each message's own produce
-        nxt = np.full(len(produce), duration_us, dtype="int64")
-        following = duration_us
-        for j in range(len(produce) - 1, -1, -1):
-            nxt[j] = following
-            if in_time[j]:
-                following = int(produce[j])
+        # for each message, the produce of the next message acknowledged in time (the run's end if none)
+        after = np.searchsorted(np.flatnonzero(in_time), np.arange(len(produce)), side="right")
+        nxt = np.append(produce[in_time], duration_us)[after]
         spans = [(int(produce[j]), min(int(ack[j]) if acked[j] else int(nxt[j]), duration_us))
                  for j in np.flatnonzero(~in_time)]
         rows += [(None if pd.isna(run_id) else run_id, int(p), s, e) for s, e in merge_intervals(spans)]
