@@ -170,26 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Kafka, dledger, rocketmq or rocketmq-controller policy; repeat for several of one kind "
                    "and one cluster layout (one topic and producer each)")
     t.add_argument("--out", required=True, metavar="DIR", help="DIR/trace/ and DIR/comparison.json")
-    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
-    t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
-    t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
-    t.add_argument("--spark-replay", action="store_true",
-                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
-    t.add_argument("--no-tables", action="store_true",
-                   help="no Delta tables nor MLflow runs: DIR/trace/ and DIR/comparison.json only (no Spark)")
+    _testbed_outputs(t, "DIR/trace/ and DIR/comparison.json")
     t = tsub.add_parser("recompare", help="judge a recorded run again with the current model (no cluster)",
                         description="judge a recorded run again with the current model, without a cluster: "
                         "DIR/recording.pkl and DIR/trace/ as `testbed run` left them")
     t.add_argument("--policy", required=True, action="append", metavar="SPEC",
                    help="the run's policies, in its order (a changed parameter is judged as given)")
     t.add_argument("--out", required=True, metavar="DIR", help="the run's folder (its --out)")
-    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
-    t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
-    t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
-    t.add_argument("--spark-replay", action="store_true",
-                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
-    t.add_argument("--no-tables", action="store_true",
-                   help="no Delta tables nor MLflow runs: DIR/comparison.json only (no Spark)")
+    _testbed_outputs(t, "DIR/comparison.json")
     t = tsub.add_parser("report", help="the agreement table from testbed_comparisons",
                         description="the agreement table from testbed_comparisons")
     t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
@@ -206,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", default=None, metavar="NAME", help="override the demo scenario")
     p.add_argument("--scale", type=float, default=None, help="override the demo scale")
     return parser
+
+
+def _testbed_outputs(t: argparse.ArgumentParser, files: str) -> None:
+    """The options `testbed run` and `testbed recompare` share: where the comparison goes and how it predicts."""
+    t.add_argument("--lakehouse", default="lakehouse", metavar="DIR", help="Delta tables root (default ./lakehouse)")
+    t.add_argument("--tracking-uri", default=None, metavar="URI", help="MLflow tracking URI (default local)")
+    t.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    t.add_argument("--spark-replay", action="store_true",
+                   help="predict with the whole `replab replay` path on Spark (default: the same kernels, locally)")
+    t.add_argument("--no-tables", action="store_true",
+                   help=f"no Delta tables nor MLflow runs: {files} only (no Spark)")
 
 
 def _resolve(handler: str) -> Callable[[argparse.Namespace], int | None]:
