@@ -196,11 +196,12 @@ def rocketmq(policies: list) -> bool:
 
 
 def _family_evidence(rec) -> dict[str, Any]:
-    """RocketMQ: the client's route poll phase and requests, and each election seen in the NameServer's route."""
+    """RocketMQ: the client's route poll phase and requests, each election seen in the NameServer's route, and the
+    client's warm-up (how long the cluster took to answer steadily before the run started)."""
     if not hasattr(rec, "route_requests"):
         return {}
     return {"route_poll_phase_us": rec.route_poll_phase_us, "route_refresh_ms": rec.route_refresh_ms,
-            "client_start_us": rec.client_start_us, "elections": rec.elections,
+            "client_start_us": rec.client_start_us, "warm_up": rec.warm, "elections": rec.elections,
             "route_requests": rec.route_requests, "client_routes": rec.client_routes}
 
 

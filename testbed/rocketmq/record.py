@@ -56,9 +56,12 @@ SAMPLE_MS = 50
 INDEX_ENTRY = struct.Struct(">iqiqq")  # DLedgerMmapFileStore: magic, pos, size, index, term (32 bytes)
 #: How long the harness may take to start, find every route and report ready (JVM start on a loaded machine).
 READY_S = 180.0
-#: Sends before the clock starts (msg id -1, skipped by the verifying consumer's reading): on a loaded machine a
-#: just-started cluster answered its first seconds of sends after the 3 s send timeout.
+#: Sends before the clock starts (msg id -1, skipped by the verifying consumer's reading), at the schedule's mean
+#: rate until the cluster answers every send within a second for 3 s (the harness's WARM_* constants): at least
+#: WARMUP_MS, at most WARMUP_MAX_MS. A just-started 5-node DLedger group on two cores timed out the first ~15 s
+#: of the seed layout's sends after three seconds of warm-up.
 WARMUP_MS = 3000
+WARMUP_MAX_MS = 90_000
 #: SendStatus values that fail a send (SPEC §3.7 R-2), with replab's error labels.
 FAILED_STATUS = {"FLUSH_DISK_TIMEOUT": "flush_disk_timeout", "FLUSH_SLAVE_TIMEOUT": "flush_slave_timeout",
                  "SLAVE_NOT_AVAILABLE": "slave_not_available"}
@@ -108,6 +111,8 @@ class RocketMQRecording(Recording):
     #: master/slave: each slave's acknowledged commit log offset (end_index holds the offset), module docstring
     acked: list[LedgerEnd] = field(default_factory=list)
     ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines (comparison evidence)
+    #: the harness's warm-up: sends answered in time, failed or slow, its length, and whether the cluster settled
+    warm: dict[str, Any] | None = None
 
     @property
     def route_poll_phase_us(self) -> int:
@@ -295,12 +300,17 @@ def record(cluster: RocketMQCluster, rec: RocketMQRecording, policies: list[DLed
     out = work / "client.jsonl"
     producer = cluster.harness("produce", "--schedule", str(sched), "--duration-us", str(schedule.duration_us),
                                "--queues", str(n_queues), "--warmup-ms", str(WARMUP_MS),
+                               "--warmup-max-ms", str(WARMUP_MAX_MS),
                                *[a for s in spec for a in ("--producer", s)],
                                *(("--ha", ",".join(cluster.broker_addr(b) for b in cluster.brokers))
                                  if rec.master_slave else ()),
                                out=out, stdin=True)
     try:
-        _wait_line(out, producer, "ready", READY_S)
+        ready = _wait_line(out, producer, "ready", READY_S + WARMUP_MAX_MS / 1000)
+        rec.warm = {k: ready.get(k) for k in ("warmed", "warm_failed", "warm_ms", "settled")}
+        progress(f"client warm-up: {ready.get('warm_ms', 0) / 1000:.1f} s, {ready.get('warmed')} sends answered within "
+                 f"a second, {ready.get('warm_failed')} failed"
+                 + ("" if ready.get("settled") else " (did not settle: the run starts on a cluster still slow)"))
         _wait_masters(cluster, out, producer, READY_S)
         if rec.master_slave:
             _wait_slaves(cluster, out, producer, READY_S)

@@ -85,6 +85,10 @@ def test_comparison_has_both_sides_and_the_observed_outage(leader_crash):
     crash, restart = d["faults"]
     assert (crash["kind"], restart["kind"]) == ("crash", "restart")
     assert [k for _, k, _ in leader_crash.recording.faults] == [Kind.CRASH, Kind.RESTART]
+    # The run started once the cluster answered steadily: the harness's warm-up settled (every send answered
+    # within a second for 3 s), having taken at least its 3 s floor.
+    warm = d["warm_up"]
+    assert warm["settled"] is True and warm["warmed"] > 0 and 3_000 <= warm["warm_ms"] < 90_000
 
 
 def test_a_recorded_run_is_judged_again_without_a_cluster(leader_crash):

@@ -31,10 +31,13 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
 import org.apache.rocketmq.client.consumer.PullResult;
@@ -60,6 +63,9 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
 public final class ReplabHarness {
     static final String ID_PROPERTY = "replab_msg_id";
+    /** Warm-up: how long every send must have been answered in time before the run starts, and "in time". */
+    static final long WARM_STEADY_MS = 3_000;
+    static final long WARM_SLOW_MS = 1_000;
     static PrintWriter out;
 
     static long nowUs() {
@@ -362,27 +368,66 @@ public final class ReplabHarness {
             }
         }
 
-        // Warm up the client's and the brokers' code paths (a just-started JVM answers its first sends seconds
-        // late on a loaded machine): WARMUP_MS of sends before the clock starts, marked with msg id -1.
-        long warmEnd = System.currentTimeMillis() + Long.parseLong(a.get("warmup-ms").get(0));
-        int warmed = 0;
-        while (System.currentTimeMillis() < warmEnd) {
-            for (int i = 0; i < producers.size(); i++) {
-                Message msg = new Message(topics.get(i), "replab-warmup", new byte[200]);
+        // Warm up until the cluster answers steadily: a just-started JVM answers its first sends seconds late on a
+        // loaded machine, and a 5-node DLedger group on two cores serves the scenario's rate only ~15 s after it
+        // elected its leader. Sends (msg id -1) at the schedule's mean rate, through the run's thread pool, until for
+        // WARM_STEADY_MS no warm-up send failed or took longer than WARM_SLOW_MS and none older than that is still
+        // unanswered: at least warmup-ms, at most warmup-max-ms ("settled" says which ended it).
+        ExecutorService pool = Executors.newCachedThreadPool();
+        long warmStart = System.currentTimeMillis();
+        long warmMin = warmStart + Long.parseLong(a.get("warmup-ms").get(0));
+        long warmMax = warmStart + Long.parseLong(a.get("warmup-max-ms").get(0));
+        long gapUs = Math.max(1_000L, endUs / Math.max(1, schedule.size()));
+        AtomicLong lastBad = new AtomicLong(warmStart);
+        AtomicInteger warmed = new AtomicInteger();
+        AtomicInteger warmFailed = new AtomicInteger();
+        ConcurrentHashMap<Long, Long> warmInflight = new ConcurrentHashMap<>();
+        boolean settled = false;
+        long nextUs = nowUs();
+        for (long k = 0; ; k++) {
+            long now = System.currentTimeMillis();
+            long oldest = warmInflight.values().stream().mapToLong(Long::longValue).min().orElse(now);
+            if (now >= warmMin && now - lastBad.get() >= WARM_STEADY_MS && now - oldest <= WARM_SLOW_MS) {
+                settled = true;
+                break;
+            }
+            if (now >= warmMax) {
+                break;
+            }
+            final long id = k;
+            final int pi = (int) (k % producers.size());
+            warmInflight.put(id, now);
+            pool.execute(() -> {
+                Message msg = new Message(topics.get(pi), "replab-warmup", new byte[200]);
                 msg.putUserProperty(ID_PROPERTY, "-1");
+                long sent = System.currentTimeMillis();
+                boolean ok = false;
                 try {
-                    producers.get(i).send(msg);
-                    warmed++;
+                    producers.get(pi).send(msg);
+                    ok = true;
                 } catch (Exception e) {
-                    Thread.sleep(100);
+                    warmFailed.incrementAndGet();
                 }
+                long done = System.currentTimeMillis();
+                warmInflight.remove(id);
+                if (ok && done - sent <= WARM_SLOW_MS) {
+                    warmed.incrementAndGet();
+                } else {
+                    lastBad.accumulateAndGet(done, Math::max);
+                }
+            });
+            nextUs += gapUs;
+            long wait = nextUs - nowUs();
+            if (wait > 0) {
+                Thread.sleep(wait / 1000, (int) (wait % 1000) * 1000);
             }
         }
-        emit("{\"ev\":\"ready\",\"t\":" + nowUs() + ",\"warmed\":" + warmed + "}");
+        emit("{\"ev\":\"ready\",\"t\":" + nowUs() + ",\"warmed\":" + warmed.get() + ",\"warm_failed\":"
+            + warmFailed.get() + ",\"warm_ms\":" + (System.currentTimeMillis() - warmStart) + ",\"settled\":"
+            + settled + "}");
         String go = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
         long t0 = Long.parseLong(go.trim());
         // A thread per send in flight: a send waits for its answer (up to sendMsgTimeout) without delaying the next.
-        ExecutorService pool = Executors.newCachedThreadPool();
         for (Send s : schedule) {
             long wait = t0 + s.atUs - nowUs();
             if (wait > 0) {
