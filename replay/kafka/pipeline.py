@@ -135,13 +135,15 @@ class ClientPipeline:
         return self.settle(rec, ack, timeout)
 
     def settle(self, rec: MessageRecords, ack: np.ndarray, timeout: int) -> MessageRecords:
-        """An answer after the delivery timeout fails the message (request_timeout); one after the trace's end
-        leaves it pending (SPEC §4.1)."""
+        """An answer after the delivery timeout fails the message (request_timeout) if that timeout runs out within
+        the trace; any other answer after the trace's end (NEVER included: no fetch of the trace answers it) leaves
+        it pending (SPEC §4.1)."""
         beyond = np.flatnonzero((ack > self.duration_us) | (ack - rec.produce_us > timeout))  # NULL_US is neither
         if not len(beyond):
             return replace(rec, ack_us=ack)
         status, error = rec.status.copy(), rec.error.copy()
-        late = ack[beyond] - rec.produce_us[beyond] > timeout
+        produce = rec.produce_us[beyond]
+        late = (ack[beyond] - produce > timeout) & (produce + timeout <= self.duration_us)
         status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))
         error[beyond[late]] = int(Error.REQUEST_TIMEOUT)
         ack[beyond] = NULL_US
@@ -171,11 +173,19 @@ def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:
 
 
 def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
-    """`_cycle` with the ISR in force at s (the engine's timeline); NEVER while the partition has no leader."""
-    r = int(np.searchsorted(st_ts, s, side="right")) - 1
-    if r < 0 or not st_led[r]:
-        return NEVER
-    return _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
+    """When the high watermark passes what was appended at s (SPEC §3.7 K-6): under the ISR in force at s, the
+    first instant every follower of it has fetched past s (`_cycle`); if the ISR changes first, or the partition
+    has no leader, the first later ISR (from its start) under which that holds, as `Partition.maybeIncrementLeaderHW`
+    runs again at each ISR change. NEVER when no fetch of the trace answers it: the answer lies beyond the trace."""
+    r = max(int(np.searchsorted(st_ts, s, side="right")) - 1, 0)
+    while r < len(st_ts):
+        ends = int(st_ts[r + 1]) if r + 1 < len(st_ts) else NEVER
+        if st_led[r]:
+            cyc = _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
+            if cyc != NEVER and max(cyc, int(st_ts[r])) < ends:
+                return max(cyc, int(st_ts[r]))
+        r += 1
+    return NEVER
 
 
 def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto, st_ts,
@@ -184,7 +194,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_t
     s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
     up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
-    wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each."""
+    wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each. A request that
+    leaves after the engine's instants for all its messages (a backlog) and that no fetch of the trace answers is
+    answered beyond the trace (NEVER): `settle` leaves its messages pending, or failed where their delivery timeout
+    ran out within the trace. Where the engine's instant is later, it stands (a sparse trace's last fetch)."""
     # each follower's fetches, in time order (the events are), one block per replica
     fetches = b_kind == int(Kind.REPLICATE)
     mine = [fetches & (b_who == b) for b in reps]
@@ -211,6 +224,13 @@ def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_t
         cyc = next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
         if cyc != NEVER:
             done = max(done, cyc)
+        elif done == s:  # no fetch of the trace answers it, and the engine answered its messages before it left
+            for k in range(i, j):
+                if ok[k]:
+                    out[k] = NEVER
+            i = j
+            turn = s + gap
+            continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt

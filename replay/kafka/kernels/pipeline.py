@@ -41,6 +41,13 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
         cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
         if cyc != _NEVER:
             done = max(done, cyc)
+        elif done == s:  # beyond the trace (`plan_requests`)
+            for k in range(i, j):
+                if ok[k]:
+                    out[k] = _NEVER
+            i = j
+            turn = s + gap
+            continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
@@ -57,41 +64,51 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
 
 @compiled(inline=True)
 def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led):
+    """`replay.kafka.pipeline.next_cycle`: under the ISR in force at s, or the first later one (from its start)
+    whose followers have all fetched past s before the ISR changes again; _NEVER beyond the trace."""
     r = row[0]
     while r + 1 < len(st_ts) and st_ts[r + 1] <= s:
         r += 1
     row[0] = r
-    if r < 0 or not st_led[r]:
-        return _NEVER
-    mask = st_mask[r]
-    done = s
+    if r < 0:
+        r = 0
     m = len(b_ts)
-    k = 0
-    while (mask >> k) != 0:
-        if (mask >> k) & 1:
-            # the answer for a later instant is at or after this one's (it asks ts > s and upto ≥ s of a
-            # larger s), so the cursor only moves forward: linear over the whole plan
-            b = reps[k]
-            c = cur[k]
-            while c < m and (b_ts[c] <= s or b_kind[c] != _REPLICATE or b_who[c] != b or b_upto[c] < s):
-                c += 1
-            cur[k] = c
-            if c == m:
-                return _NEVER
-            done = max(done, b_ts[c])
-        k += 1
-    return done
+    while r < len(st_ts):
+        ends = st_ts[r + 1] if r + 1 < len(st_ts) else _NEVER
+        if st_led[r]:
+            mask = st_mask[r]
+            done = max(s, st_ts[r])
+            k = 0
+            while (mask >> k) != 0:
+                if (mask >> k) & 1:
+                    # the answer for a later instant is at or after this one's (it asks ts > s and upto ≥ s of a
+                    # larger s), so the cursor only moves forward: linear over the whole plan
+                    b = reps[k]
+                    c = cur[k]
+                    while c < m and (b_ts[c] <= s or b_kind[c] != _REPLICATE or b_who[c] != b or b_upto[c] < s):
+                        c += 1
+                    cur[k] = c
+                    if c == m:
+                        done = _NEVER
+                        break
+                    done = max(done, b_ts[c])
+                k += 1
+            if done != _NEVER and done < ends:
+                return done
+        r += 1
+    return _NEVER
 
 
 @compiled
 def shift_acks_compiled(ack, produce, status, error, delay, duration, timeout, failed, pending, request_timeout):
     """SPEC §3.7 K-7 in one pass, in place: every acknowledgement `delay` later; one that comes after the
-    delivery timeout fails (request_timeout), one after the trace's end is pending (`ClientPipeline.settle`)."""
+    delivery timeout fails (request_timeout) if that timeout runs out within the trace, any other after the
+    trace's end is pending (`ClientPipeline.settle`)."""
     for r in range(len(ack)):
         if ack[r] < 0:
             continue
         a = ack[r] + delay
-        if a - produce[r] > timeout:
+        if a - produce[r] > timeout and produce[r] + timeout <= duration:
             ack[r] = -1
             status[r] = failed
             error[r] = request_timeout
