@@ -117,8 +117,8 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
         raise BadInput(f"{out}: recorded with {len(rec.deliveries)} policies, asked to judge {len(policies)}",
                        rule="testbed-recompare")
     manifest = locate(out / "trace").manifest
-    # The round trip the trace carries is derived from the recording: a run recorded before the testbed wrote it
-    # gets it now, by the function `write_trace` uses, so that a recompared trace and a fresh one agree.
+    # The trace's round trip comes from the recording through the function `write_trace` uses, so a recompared
+    # trace carries what a fresh one would (a trace written without it gets it here).
     rtt = client_round_trip_us(rec)
     if rtt != manifest.client_round_trip_us:
         manifest = dataclasses.replace(manifest, client_round_trip_us=rtt)
