@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replay.policies import Acks, KafkaPolicy
+from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US
+
 #: The components of a request's time at the broker (kafka.network.RequestChannel's updateRequestMetrics).
 REQUEST_TIMES = ("RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseQueueTimeMs", "ResponseSendTimeMs",
                  "TotalTimeMs")
@@ -156,6 +159,34 @@ def summarize_brokers(metrics: list[BrokerMetrics], since_us: int, until_us: int
         out[f"PurgatorySize.{op}"] = {"mean": round(statistics.fmean(sizes), 2) if sizes else None,
                                       "max": max(sizes) if sizes else None}
     return out
+
+
+def client_round_trip_us(rec: Any) -> int:
+    """The recorded trace's `client_round_trip_us` (SPEC §3.7 K-7, §12.1): the median, over every broker's
+    statistics window of the acks=0 and acks=1 producers ending before the first fault, of librdkafka's `rtt`
+    p50 (request sent to response read, µs). Those producers' requests are answered at the leader's append;
+    an acks=all request's rtt also holds its wait in the produce purgatory and, behind it, the connection's
+    next requests' wait in the broker's socket, which K-6 models apart. After a fault requests wait on elections
+    and reconnects, which the model has separately, so only the steady windows before it count.
+
+    A run with acks=all producers only: the brokers' own part of a Produce round trip, TotalTimeMs −
+    RemoteTimeMs (request queue, the leader's append, response queue and send; the purgatory wait out), mean over
+    the same steady span; the network's share, which no instrument isolates, is left out. Without either (no
+    Kafka policy, no windows): DEFAULT_CLIENT_ROUND_TRIP_US."""
+    kafka = [i for i, p in enumerate(rec.policies) if isinstance(p, KafkaPolicy)]
+    if not kafka:
+        return DEFAULT_CLIENT_ROUND_TRIP_US  # RocketMQ: its model has no round trip term
+    first_fault = min((t for t, _, _ in rec.faults), default=rec.schedule.duration_us)
+    p50s = [b["rtt"]["p50_ms"] for i in kafka if rec.policies[i].acks is not Acks.ALL and i < len(rec.client_stats)
+            for s in rec.client_stats[i] if s.ts_us <= first_fault
+            for b in s.brokers.values() if "rtt" in b and b["rtt"]["cnt"] > 0]
+    if p50s:
+        return round(statistics.median(p50s) * 1000)
+    brokers = summarize_brokers(rec.broker_metrics, 0, first_fault)
+    total, remote = brokers["Produce.TotalTimeMs"]["mean_ms"], brokers["Produce.RemoteTimeMs"]["mean_ms"]
+    if total is None or remote is None:
+        return DEFAULT_CLIENT_ROUND_TRIP_US
+    return max(0, round((total - remote) * 1000))
 
 
 # ------------------------------------------------------------------------------------------------ CPU

@@ -9,6 +9,7 @@ and one MLflow run per (scenario, policy) tagged source=testbed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -100,6 +101,7 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
     as `run_testbed` left them; comparison.json, outcomes/ and (with `publish`) the testbed's tables and MLflow
     runs are rewritten. The policies must be the run's own (the recording holds one producer per policy)."""
     from storage.trace_loader import locate
+    from testbed.instruments import client_round_trip_us
 
     t_start = time.monotonic()
     out = Path(out)
@@ -115,6 +117,12 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
         raise BadInput(f"{out}: recorded with {len(rec.deliveries)} policies, asked to judge {len(policies)}",
                        rule="testbed-recompare")
     manifest = locate(out / "trace").manifest
+    # The trace's round trip comes from the recording through the function `write_trace` uses, so a recompared
+    # trace carries what a fresh one would (a trace written without it gets it here).
+    rtt = client_round_trip_us(rec)
+    if rtt != manifest.client_round_trip_us:
+        manifest = dataclasses.replace(manifest, client_round_trip_us=rtt)
+        manifest.write(out / "trace")
     cases = _compare_and_publish(spark_factory, rec, manifest, out, policies, labels, lakehouse=lakehouse,
                                  tracking_uri=tracking_uri, mlflow=mlflow, spark_replay=spark_replay,
                                  publish=publish, progress=progress)

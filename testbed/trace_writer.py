@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.trace import EVENT_ARROW_SCHEMA, Kind, Manifest
+from testbed.instruments import client_round_trip_us
 from testbed.observe import Recording
 from testbed.schedule import topic_of
 
@@ -112,7 +113,8 @@ def write_trace(rec: Recording, out: Path, replicates: list[tuple[int, int, int]
                 route_poll_phase_us: int = 0) -> Manifest:
     """DIR/trace/ in the SPEC §2 format: manifest.json and events/part-000000.parquet. `replicates` (ts_us, broker,
     upto_us) when the family's recorder derives them itself (RocketMQ: ledger ends), else from the Kafka samples;
-    `route_poll_phase_us` the real client's route poll phase (RocketMQ)."""
+    `route_poll_phase_us` the real client's route poll phase (RocketMQ); the round trip the Kafka clients
+    measured (`client_round_trip_us`)."""
     sch = rec.schedule
     # The run is judged where the producers stopped (SPEC §4.1: at duration_us; the testbed purges what is
     # still queued then). A state change seen after that (a restart whose JVM was RUNNING only after the trace
@@ -157,7 +159,7 @@ def write_trace(rec: Recording, out: Path, replicates: list[tuple[int, int, int]
             cols["upto_us"].append(val if what == "r" else None)
     table = pa.Table.from_pydict(cols, schema=EVENT_ARROW_SCHEMA)
     manifest = Manifest(sch.trace_id, sch.brokers, duration, None, sch.generator,
-                        route_poll_phase_us=route_poll_phase_us)
+                        route_poll_phase_us=route_poll_phase_us, client_round_trip_us=client_round_trip_us(rec))
     (out / "events").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out / "events" / "part-000000.parquet")
     manifest.write(out)

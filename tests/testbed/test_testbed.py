@@ -52,6 +52,8 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
 
     manifest, table = read_events_arrow(leader_crash.trace)
     assert manifest.broker_ids == (0, 1, 2)
+    # The round trip the acks=1 producer measured (librdkafka rtt, SPEC §3.7 K-7), not the 1 ms default.
+    assert 1_000 < manifest.client_round_trip_us < 1_000_000
     kinds = table["kind"].to_pylist()
     assert kinds.count("crash") == 1
     assert kinds.count("produce") == len(leader_crash.recording.sent_us) > 10_000
@@ -102,15 +104,17 @@ def test_run_completes_with_a_valid_trace_and_the_comparison(leader_crash):
 
 def test_a_recorded_run_is_judged_again_without_a_cluster(leader_crash):
     """`recompare_testbed` reads the run's recording back (the brokers' metrics and the clients' statistics
-    included) and gives the same comparison while the model is unchanged; a policy count the recording does not
-    hold is refused."""
+    included) and gives the same comparison and manifest while the model is unchanged; a policy count the
+    recording does not hold is refused."""
     from schemas.errors import BadInput
     from testbed.job import recompare_testbed
 
     before = (leader_crash.out / "comparison.json").read_text()
+    manifest = (leader_crash.out / "trace" / "manifest.json").read_text()
     recompare_testbed(None, [parse_policy(p) for p in POLICIES], POLICIES, leader_crash.out, publish=False,
                       progress=lambda _t: None)
     assert (leader_crash.out / "comparison.json").read_text() == before
+    assert (leader_crash.out / "trace" / "manifest.json").read_text() == manifest
     with pytest.raises(BadInput, match="recorded with 2 policies"):
         recompare_testbed(None, [parse_policy(POLICIES[0])], POLICIES[:1], leader_crash.out, publish=False)
 
