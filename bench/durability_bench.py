@@ -3,6 +3,7 @@
 
     python -m bench.durability_bench --budget-s 600 --json out.json     # the target's budget
     python -m bench.durability_bench --budget-s 90                      # a short look
+    python -m bench.durability_bench --cluster-episodes 48              # Spark: 2-worker standalone vs local[1]
 
 The estimator runs in-process on one core (`engine.durability.run`, the same episodes and figures a Spark run
 gives; a Spark run spreads the rounds over its cores), in rounds of `--batch` episodes, until the budget of wall
@@ -10,6 +11,10 @@ seconds is spent. Each episode is one short trace judged under every preset at o
 per CPU-second (each judged under every policy), the nines each policy reached with its 95 % interval, and the
 relative half-width of P(loss per year): the worst over policies that lost something, and their median.
 Policies where no sampled episode lost anything carry a proven bound instead and are counted apart.
+
+With `--cluster-episodes N` it times instead the Spark job's round (`engine.durability.job.run_round`, generation
+and replay inside the tasks) on the same N episodes, on `local[1]` and on a standalone cluster of two one-core
+workers (`bench.cluster`), after a warm-up round on each: the issue's "2-worker standalone ≥ 1.7× local[1]".
 """
 
 from __future__ import annotations
@@ -69,6 +74,55 @@ def run(budget_s: float, batch: int, seed: int) -> DurabilityRow:
          for (pre, _), f in zip(pairs, figures, strict=True)}, rel)
 
 
+@dataclass
+class ClusterRow:
+    episodes: int
+    local1_wall_s: float
+    cluster_wall_s: float
+    speedup: float
+    load_average: float
+
+
+def cluster_speedup(episodes: int, seed: int) -> ClusterRow:
+    """The same N episodes through the Spark job's round on local[1], then on two one-core standalone workers."""
+    import tempfile
+
+    from bench.cluster import standalone_cluster
+    from engine.durability.job import run_round
+    from engine.durability.run import DurabilitySpec, Estimate, next_work
+    from generators.library import resolve_scenario
+    from generators.rates import load_rates
+    from replay.policies import all_presets
+    from storage.session import get_spark
+
+    spec = DurabilitySpec(resolve_scenario("demo"), load_rates(), tuple(p for _, p in all_presets()), seed=seed)
+    work = next_work(Estimate(spec), episodes)
+    warm = work[:2]
+    conf = {"spark.default.parallelism": "2", "spark.executor.cores": "1", "spark.executor.memory": "1g",
+            "spark.cores.max": "2"}
+
+    def timed(spark) -> float:
+        run_round(spark, spec, warm)  # JVM, Python workers, imports, compiled kernels
+        started = time.monotonic()
+        rows = run_round(spark, spec, work)
+        assert len(rows) == len(work)
+        return time.monotonic() - started
+
+    spark = get_spark("replab-durability-bench-local1", master="local[1]", extra_conf=conf)
+    try:
+        local = timed(spark)
+    finally:
+        spark.stop()
+    with tempfile.TemporaryDirectory(prefix="replab-cluster-") as tmp, \
+            standalone_cluster(workers=2, cores=1, memory="2g", work_dir=tmp) as cluster:
+        spark = get_spark("replab-durability-bench-cluster", master=cluster.url, extra_conf=conf)
+        try:
+            remote = timed(spark)
+        finally:
+            spark.stop()
+    return ClusterRow(len(work), local, remote, local / remote, os.getloadavg()[0])
+
+
 def markdown(rows: list[DurabilityRow]) -> str:
     out = ["| budget (wall s) | episodes | episodes / CPU-s | worst rel. half-width | median | bounded | load |",
            "|---|---|---|---|---|---|---|"]
@@ -94,7 +148,16 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="episodes per round (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write the row as JSON")
+    parser.add_argument("--cluster-episodes", type=int, default=0, metavar="N",
+                        help="time N episodes of the Spark job on local[1] and on a 2-worker standalone cluster")
     args = parser.parse_args(argv)
+    if args.cluster_episodes:
+        row = cluster_speedup(args.cluster_episodes, args.seed)
+        table = ("| episodes | local[1] wall s | standalone 2 × 1 core wall s | speedup | load |\n"
+                 "|---|---|---|---|---|\n"
+                 f"| {row.episodes} | {row.local1_wall_s:.1f} | {row.cluster_wall_s:.1f} | {row.speedup:.2f}× | "
+                 f"{row.load_average:.1f} |")
+        return emit([row], table, args.json)
     rows = [run(args.budget_s, args.batch, args.seed)]
     return emit(rows, markdown(rows), args.json)
 
