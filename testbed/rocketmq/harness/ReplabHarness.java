@@ -369,8 +369,8 @@ public final class ReplabHarness {
         }
 
         // Warm up until the cluster answers steadily: a just-started JVM answers its first sends seconds late on a
-        // loaded machine, and a 5-node DLedger group on two cores serves the scenario's rate only ~15 s after it
-        // elected its leader. Sends (msg id -1) at the schedule's mean rate, through the run's thread pool, until for
+        // loaded machine, and a 5-node DLedger group on two cores needs tens of seconds after its election before
+        // it serves the scenario's rate. Sends (msg id -1) at the schedule's mean rate, through the run's thread pool, until for
         // WARM_STEADY_MS no warm-up send failed or took longer than WARM_SLOW_MS and none older than that is still
         // unanswered: at least warmup-ms, at most warmup-max-ms ("settled" says which ended it).
         ExecutorService pool = Executors.newCachedThreadPool();
