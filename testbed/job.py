@@ -9,7 +9,6 @@ and one MLflow run per (scenario, policy) tagged source=testbed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import pickle
@@ -49,7 +48,6 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     tracking code); without it no Spark starts at all (the fast test).
     """
     from testbed.schedule import schedule_from_scenario
-    from testbed.trace_writer import write_trace
 
     t_start = time.monotonic()
     out = Path(out)
@@ -62,16 +60,13 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
 
         with terminate_as_interrupt():
             rec = rmq.run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
-        shutil.rmtree(trace, ignore_errors=True)
         rmq.fill_samples(rec, len(policies))
-        manifest = write_trace(rec, trace, rmq.replicate_events(rec), rec.route_poll_phase_us)
     else:
         from testbed.record import run_cluster
 
         with terminate_as_interrupt():
             rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
-        shutil.rmtree(trace, ignore_errors=True)
-        manifest = write_trace(rec, trace)
+    manifest = trace_from_recording(rec, trace)
     for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
         shutil.rmtree(node, ignore_errors=True)  # the logs stay for a post-mortem, the data does not
     # The whole recording, so that `recompare_testbed` can judge it again under a later model without a cluster.
@@ -88,6 +83,18 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     return TestbedResult(out, trace, cases, rec, wall)
 
 
+def trace_from_recording(rec, trace: Path):
+    """DIR/trace/ (SPEC §2) from a recording, by the family's recorder: RocketMQ's replication progress comes
+    from its ledger ends or slave offsets, Kafka's from the followers' sampled log ends."""
+    from testbed.rocketmq import record as rmq
+    from testbed.trace_writer import write_trace
+
+    shutil.rmtree(trace, ignore_errors=True)
+    if isinstance(rec, rmq.RocketMQRecording):
+        return write_trace(rec, trace, rmq.replicate_events(rec), rec.route_poll_phase_us)
+    return write_trace(rec, trace)
+
+
 def recorded_wall_s(out: Path) -> float:
     """The recording run's wall time (`run_testbed`'s total), 0 when it is not known."""
     path = Path(out) / WALL
@@ -100,9 +107,6 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
     """A recorded run judged again by the current model, without a cluster: DIR/recording.pkl and DIR/trace/
     as `run_testbed` left them; comparison.json, outcomes/ and (with `publish`) the testbed's tables and MLflow
     runs are rewritten. The policies must be the run's own (the recording holds one producer per policy)."""
-    from storage.trace_loader import locate
-    from testbed.instruments import client_round_trip_us
-
     t_start = time.monotonic()
     out = Path(out)
     if not (out / RECORDING).is_file():
@@ -116,13 +120,9 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
 
         raise BadInput(f"{out}: recorded with {len(rec.deliveries)} policies, asked to judge {len(policies)}",
                        rule="testbed-recompare")
-    manifest = locate(out / "trace").manifest
-    # The trace's round trip comes from the recording through the function `write_trace` uses, so a recompared
-    # trace carries what a fresh one would (a trace written without it gets it here).
-    rtt = client_round_trip_us(rec)
-    if rtt != manifest.client_round_trip_us:
-        manifest = dataclasses.replace(manifest, client_round_trip_us=rtt)
-        manifest.write(out / "trace")
+    # The trace is written again from the recording, so a recompared run is judged on what the current recorder
+    # derives from it (instants, replication progress, the measured round trip), as a fresh run would be.
+    manifest = trace_from_recording(rec, out / "trace")
     cases = _compare_and_publish(spark_factory, rec, manifest, out, policies, labels, lakehouse=lakehouse,
                                  tracking_uri=tracking_uri, mlflow=mlflow, spark_replay=spark_replay,
                                  publish=publish, progress=progress)

@@ -616,18 +616,48 @@ def _slave_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
         by_group[g.name] = (ends, suffix)
     out: list[tuple[int, int, int]] = []
     last: dict[int, int] = {}
-    for s in sorted(rec.acked, key=lambda s: s.ts_us):
-        if s.ts_us < 0 or s.end_index < 0 or away(s.broker, s.ts_us):
+    dated = _dated_at_master_loss(rec, away)
+    for ts, s in sorted([*((s.ts_us, s) for s in rec.acked), *dated], key=lambda e: e[0]):
+        if ts < 0 or s.end_index < 0 or away(s.broker, ts):
             continue
         g = next(gr for gr in rec.groups if s.broker in gr.members)
         if g.members[0] == s.broker and not rec.controller:
             continue  # a classic master never follows; a controller-mode group's trace broker 0 may
         ends, suffix = by_group[g.name]
         k = bisect.bisect_right(ends, s.end_index)
-        upto = s.ts_us if suffix[k] >= 1 << 62 else min(s.ts_us, suffix[k] - 1)
+        upto = ts if suffix[k] >= 1 << 62 else min(ts, suffix[k] - 1)
         upto = max(0, upto, last.get(s.broker, 0))
         last[s.broker] = upto
-        out.append((s.ts_us, s.broker, upto))
+        out.append((ts, s.broker, upto))
+    return out
+
+
+#: Faults after which a master sends its slaves nothing more: a killed process, a cut network.
+_MASTER_SILENT = (Kind.CRASH, Kind.POWER_LOSS, Kind.ISOLATE)
+
+
+def _dated_at_master_loss(rec: RocketMQRecording, away) -> list[tuple[int, LedgerEnd]]:
+    """Each surviving slave's first sample after its master crashed or was cut off, dated 1 µs before that fault.
+
+    From the fault until a master registers again the slave receives nothing (HAClient reads only from its
+    master), so what that sample shows is what the slave held when its master went: sampled every SAMPLE_MS, the
+    last sample before the fault can trail it by a whole period, and the messages acknowledged in that period
+    would read as lost under the successor (SPEC §3.5 rule 3: it holds what it had replicated)."""
+    out: list[tuple[int, LedgerEnd]] = []
+    for t, kind, b in rec.state_faults():
+        if kind not in _MASTER_SILENT:
+            continue
+        for g in rec.groups:
+            if b not in g.members or _master_at(rec, g.name, t) != b:
+                continue
+            back = next((r["t"] for r in rec.ns_routes if r["t"] > t
+                         and _master_at(rec, g.name, r["t"]) not in (None, b)), 1 << 62)
+            for slave in g.members:
+                first = min((s for s in rec.acked if s.broker == slave and t < s.ts_us < back
+                             and s.end_index >= 0 and not away(slave, s.ts_us)),
+                            key=lambda s: s.ts_us, default=None)
+                if first is not None and slave != b:
+                    out.append((t - 1, first))
     return out
 
 
