@@ -110,7 +110,8 @@ class RocketMQRecording(Recording):
     controller: bool = False
     #: master/slave: each slave's acknowledged commit log offset (end_index holds the offset), module docstring
     acked: list[LedgerEnd] = field(default_factory=list)
-    ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines (comparison evidence)
+    ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines
+    broker_of_ip: dict[str, int] = field(default_factory=dict)  # the HA lines name brokers by IP: trace broker
     #: the harness's warm-up: sends answered in time, failed or slow, its length, and whether the cluster settled
     warm: dict[str, Any] | None = None
 
@@ -503,7 +504,8 @@ def _parse_client(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path, n
         elif ev == "ha":
             rec.ha.append({**d, "t": d["t"] - t0})
     if rec.master_slave:
-        rec.acked = slave_acks(cluster, rec, trace_of)
+        rec.broker_of_ip = {cluster.address(broker_name(n)): trace_of.get(n, n) for n in cluster.brokers}
+        rec.acked = slave_acks(rec)
     rec.elections = elections(rec)
     for tr in rec.transitions:  # a restarted broker is back when the NameServer lists it again (registered)
         tr.listed_us = next((r["t"] for r in rec.ns_routes if r["t"] >= tr.signal_us
@@ -514,30 +516,34 @@ def _parse_client(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path, n
             tr.listed_us = rec.schedule.duration_us + 1
 
 
-def slave_acks(cluster: RocketMQCluster, rec: RocketMQRecording, trace_of: dict[int, int]) -> list[LedgerEnd]:
-    """Each slave's acknowledged offset over time (module docstring): at every HA line, the larger of the last ack
-    its master reported for it and its own last max offset."""
-    by_ip = {cluster.address(broker_name(b)): b for b in cluster.brokers}
+def slave_acks(rec: RocketMQRecording) -> list[LedgerEnd]:
+    """Each slave's acknowledged offset over time (module docstring), from the harness's HA lines: at every line,
+    the larger of the last ack its master reported for it and its own last max offset."""
+    def broker(addr: str) -> int | None:
+        return rec.broker_of_ip.get(addr.lstrip("/").rsplit(":", 1)[0])
+
     master_ack: dict[int, int] = {}
     own: dict[int, int] = {}
     out = []
     for d in sorted(rec.ha, key=lambda d: d["t"]):
-        b = cluster.broker_of_addr(d["addr"])
+        b = broker(d["addr"])
         if b is None:
             continue
         changed = []
         if d.get("master"):
-            out.append(LedgerEnd(d["t"], trace_of.get(b, b), d.get("max", -1)))  # for `fill_samples`
+            out.append(LedgerEnd(d["t"], b, d.get("max", -1)))  # for `fill_samples`
             for addr, ack in d.get("acks", {}).items():
-                s = by_ip.get(addr.lstrip("/").rsplit(":", 1)[0])
-                if s is not None and master_ack.get(s) != ack:
+                s = broker(addr)
+                # -1: a connection whose slave has not reported yet (handshake); the master knows nothing of it
+                # (AutoSwitchHAService.maybeExpandInSyncStateSet waits for the report), so it is no progress
+                if s is not None and ack >= 0 and master_ack.get(s) != ack:
                     master_ack[s] = ack
                     changed.append(s)
         elif "max" in d:
             own[b] = d["max"]
             changed.append(b)
         for s in changed:
-            out.append(LedgerEnd(d["t"], trace_of.get(s, s), max(master_ack.get(s, -1), own.get(s, -1))))
+            out.append(LedgerEnd(d["t"], s, max(master_ack.get(s, -1), own.get(s, -1))))
     return out
 
 
@@ -616,8 +622,9 @@ def _slave_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
         by_group[g.name] = (ends, suffix)
     out: list[tuple[int, int, int]] = []
     last: dict[int, int] = {}
-    dated = _dated_at_master_loss(rec, away)
-    for ts, s in sorted([*((s.ts_us, s) for s in rec.acked), *dated], key=lambda e: e[0]):
+    acked = slave_acks(rec)  # from the raw HA lines, so that a recorded run is read by the current rules
+    dated = _dated_at_master_loss(rec, acked, away)
+    for ts, s in sorted([*((s.ts_us, s) for s in acked), *dated], key=lambda e: e[0]):
         if ts < 0 or s.end_index < 0 or away(s.broker, ts):
             continue
         g = next(gr for gr in rec.groups if s.broker in gr.members)
@@ -636,7 +643,7 @@ def _slave_events(rec: RocketMQRecording) -> list[tuple[int, int, int]]:
 _MASTER_SILENT = (Kind.CRASH, Kind.POWER_LOSS, Kind.ISOLATE)
 
 
-def _dated_at_master_loss(rec: RocketMQRecording, away) -> list[tuple[int, LedgerEnd]]:
+def _dated_at_master_loss(rec: RocketMQRecording, acked: list[LedgerEnd], away) -> list[tuple[int, LedgerEnd]]:
     """Each surviving slave's first sample after its master crashed or was cut off, dated 1 µs before that fault.
 
     From the fault until a master registers again the slave receives nothing (HAClient reads only from its
@@ -653,7 +660,7 @@ def _dated_at_master_loss(rec: RocketMQRecording, away) -> list[tuple[int, Ledge
             back = next((r["t"] for r in rec.ns_routes if r["t"] > t
                          and _master_at(rec, g.name, r["t"]) not in (None, b)), 1 << 62)
             for slave in g.members:
-                first = min((s for s in rec.acked if s.broker == slave and t < s.ts_us < back
+                first = min((s for s in acked if s.broker == slave and t < s.ts_us < back
                              and s.end_index >= 0 and not away(slave, s.ts_us)),
                             key=lambda s: s.ts_us, default=None)
                 if first is not None and slave != b:
