@@ -116,13 +116,21 @@ def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str
 
         raise BadInput(f"{out}: recorded with {len(rec.deliveries)} policies, asked to judge {len(policies)}",
                        rule="testbed-recompare")
-    manifest = locate(out / "trace").manifest
-    # The trace's round trip comes from the recording through the function `write_trace` uses, so a recompared
-    # trace carries what a fresh one would (a trace written without it gets it here).
-    rtt = client_round_trip_us(rec)
-    if rtt != manifest.client_round_trip_us:
-        manifest = dataclasses.replace(manifest, client_round_trip_us=rtt)
-        manifest.write(out / "trace")
+    if rocketmq(policies):
+        manifest = locate(out / "trace").manifest
+        # The trace's round trip comes from the recording through the function `write_trace` uses, so a
+        # recompared trace carries what a fresh one would (a trace written without it gets it here).
+        rtt = client_round_trip_us(rec)
+        if rtt != manifest.client_round_trip_us:
+            manifest = dataclasses.replace(manifest, client_round_trip_us=rtt)
+            manifest.write(out / "trace")
+    else:
+        from testbed.trace_writer import write_trace
+
+        # A Kafka trace is derived from the recording alone (its samples, deliveries and fault instants): written
+        # again, it is the one the current trace writer gives.
+        shutil.rmtree(out / "trace", ignore_errors=True)
+        manifest = write_trace(rec, out / "trace")
     cases = _compare_and_publish(spark_factory, rec, manifest, out, policies, labels, lakehouse=lakehouse,
                                  tracking_uri=tracking_uri, mlflow=mlflow, spark_replay=spark_replay,
                                  publish=publish, progress=progress)
