@@ -2,7 +2,8 @@
 brokers changed state, and `replicate` events from the followers' sampled log ends (SPEC §3.2 rule 5: a
 follower holding offsets < LEO holds every message its leader appended before the record at offset LEO, so
 upto_us = that record's send instant − 1 µs, or its append time − HELD_BACK_US if its producer held it back, at
-most the sample instant; see `replicate_events`)."""
+most the sample instant; see `replicate_events`; at a controlled shutdown the followers' first samples after the
+handover stand for what they held at it, `handover_samples`)."""
 
 from __future__ import annotations
 
