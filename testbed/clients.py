@@ -97,8 +97,10 @@ class ResilientProducer:
     """A confluent-kafka producer that an application would recreate after a fatal error.
 
     An idempotent producer whose acknowledged writes were truncated (unclean election) gets a fatal
-    OUT_OF_ORDER_SEQUENCE_NUMBER and refuses every later call: its queued messages fail (their delivery
-    reports carry the error) and a new producer with the same settings takes the following sends.
+    OUT_OF_ORDER_SEQUENCE_NUMBER and refuses every later call. The application sees every message it still held
+    fail then: the producer is purged and every message it has not reported is reported failed with the fatal
+    error at that instant (a fatal producer's own purge reports are not served reliably: a poll raises first).
+    A new producer with the same settings takes the following sends.
     """
 
     def __init__(self, factory, config: dict[str, Any]) -> None:
@@ -106,6 +108,8 @@ class ResilientProducer:
         self.producer = factory(config)
         self.fatal: list[str] = []
         self.retired: list[Any] = []  # polled at the end, for the delivery reports of what they held
+        self.held: dict[int, Any] = {}  # the current producer's messages not reported yet: key -> on_delivery
+        self._sent = 0
 
     def _renew(self, exc: Exception) -> None:
         from confluent_kafka import KafkaError, KafkaException
@@ -120,15 +124,28 @@ class ResilientProducer:
         with contextlib.suppress(Exception):
             old.purge(in_queue=True, in_flight=True)
             old.poll(0)
+        held, self.held = self.held, {}
+        failed = KafkaError(KafkaError._FATAL, f"held by a producer that failed fatally: {err.str()}")
+        for on_delivery in held.values():
+            on_delivery(failed, None)
         self.retired.append(old)
         self.producer = self.factory(self.config)
 
-    def produce(self, *args, **kwargs) -> None:
+    def produce(self, *args, on_delivery, **kwargs) -> None:
         from confluent_kafka import KafkaException
+
+        key = self._sent
+        self._sent += 1
+
+        def report(err, msg) -> None:
+            # a report of a message already failed with its producer (after `_renew`) is not the application's
+            if self.held.pop(key, None) is not None:
+                on_delivery(err, msg)
 
         for _ in range(3):
             try:
-                self.producer.produce(*args, **kwargs)
+                self.producer.produce(*args, on_delivery=report, **kwargs)
+                self.held[key] = on_delivery
                 return
             except BufferError:
                 self.poll(0.01)

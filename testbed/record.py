@@ -105,8 +105,9 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
         # Never raise into librdkafka's poll (it turns a Python exception into a SystemError there).
         try:
             now = now_us() - rec.t0_us
-            tstype, tsval = m.timestamp()
-            offset = m.offset() if err is None else None
+            # (no message: one its producer held when it failed fatally, `ResilientProducer`)
+            tstype, tsval = m.timestamp() if m is not None else (0, None)
+            offset = m.offset() if err is None and m is not None else None
             rec.deliveries[i][msg_id] = Delivery(now, None if err is None else str(err.name()),
                                                  offset if offset is not None and offset >= 0 else None,
                                                  tsval if err is None and tstype != 0 else None)

@@ -2,7 +2,8 @@
 brokers changed state, and `replicate` events from the followers' sampled log ends (SPEC §3.2 rule 5: a
 follower holding offsets < LEO holds every message its leader appended before the record at offset LEO, so
 upto_us = that record's send instant − 1 µs, or its append time − HELD_BACK_US if its producer held it back, at
-most the sample instant; see `replicate_events`)."""
+most the sample instant; see `replicate_events`; at a controlled shutdown the followers' first samples after the
+handover stand for what they held at it, `handover_samples`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 
 from schemas.trace import EVENT_ARROW_SCHEMA, Kind, Manifest
 from testbed.instruments import client_round_trip_us
-from testbed.observe import Recording
+from testbed.observe import Recording, Sample
 from testbed.schedule import topic_of
 
 
@@ -58,12 +59,13 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
         for mid, (p, off, ms) in reads.items():
             known[(topic_of(i), p, off)].append(_instant(ms * 1000 - rec.t0_us, rec.sent_us[mid]))
     replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
-    away = away_at(rec.state_faults())
+    faults = rec.state_faults()
+    away = away_at(faults)
 
     out = []
     leads: dict[int, set[tuple[str, int]]] = {}  # each broker's latest view of what it leads
     last: dict[int, int] = {}
-    for s in sorted(rec.samples, key=lambda s: s.ts_us):
+    for s in sorted([*rec.samples, *handover_samples(rec.samples, faults, known, away)], key=lambda s: s.ts_us):
         leads[s.broker] = s.leads
         if away(s.broker, s.ts_us):
             continue
@@ -83,6 +85,45 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
         upto = max(0, min(upto, s.ts_us), last.get(s.broker, 0))
         last[s.broker] = upto
         out.append((s.ts_us, s.broker, upto))
+    return out
+
+
+#: How long after a controlled shutdown's handover a follower's first sample still says what it held at the handover.
+HANDOVER_READ_US = 1_000_000
+
+
+def handover_samples(samples: list[Sample], faults: list[tuple[int, Kind, int]],
+                     known: dict[tuple[str, int, int], list[tuple[int, int]]], away) -> list[Sample]:
+    """Every other broker's log ends at each `shutdown` (its handover instant R, SPEC §2.2), as of R − 1 µs.
+
+    Until R the leader that shuts down keeps serving its followers' fetches, so what they hold at R, which
+    decides what the new leader truncates (SPEC §3.2 rules 8-9), can be a whole fetch ahead of their last sample
+    before R. After R they fetch nothing more from it (it has turned follower and stopped its partitions,
+    `ReplicaManager.applyLocalFollowersDelta`), and the new leader starts its epoch from the log end it has
+    (`Partition.makeLeader`), so their first
+    sample after R (within HANDOVER_READ_US, before any other fault) is read as of R − 1 µs. A partition's log end
+    is cut to the first offset any leader appended at after R: a follower held nothing appended later, and a new
+    leader that lacked records and has since taken new ones at their offsets does not count as holding the old
+    ones. Its view of what it leads is its last one before R (the new leaders have not taken over yet)."""
+    by_broker: dict[int, list[Sample]] = defaultdict(list)
+    for s in sorted(samples, key=lambda s: s.ts_us):
+        by_broker[s.broker].append(s)
+    out = []
+    for r, kind, gone in faults:
+        if kind is not Kind.SHUTDOWN:
+            continue
+        until = min([t for t, _, _ in faults if t > r] + [r + HANDOVER_READ_US + 1])
+        first_new: dict[tuple[str, int], int] = {}
+        for (topic, p, off), seen in known.items():
+            if any(append_us > r for append_us, _ in seen) and off < first_new.get((topic, p), off + 1):
+                first_new[(topic, p)] = off
+        for b, own in by_broker.items():
+            before = [s for s in own if s.ts_us < r]
+            after = next((s for s in own if r < s.ts_us < until), None)
+            if b == gone or not before or after is None or away(b, after.ts_us):
+                continue
+            leo = {key: min(v, first_new.get(key, v)) for key, v in after.leo.items()}
+            out.append(Sample(r - 1, b, leo, before[-1].leads))
     return out
 
 

@@ -3,9 +3,10 @@ a scripted recording where every record reaches its leader 0.8-2.2 ms after it w
 
 from __future__ import annotations
 
-from testbed.observe import Delivery, Recording, Sample
+from schemas.trace import Kind
+from testbed.observe import Delivery, Recording, Sample, Transition
 from testbed.schedule import topic_of
-from testbed.trace_writer import HELD_BACK_US, replicate_events
+from testbed.trace_writer import HANDOVER_READ_US, HELD_BACK_US, replicate_events
 
 TOPIC = topic_of(0)
 #: msg_id -> (sent µs, offset, LogAppendTime ms); the clock starts at 0
@@ -64,3 +65,39 @@ def test_a_record_its_producer_held_back_counts_from_its_append():
     rec.partition[0][15] = 0
     rec.deliveries[0][15] = Delivery(8_000_000, None, 4, 7_050)
     assert {b: upto for _, b, upto in replicate_events(rec)} == {1: 7_050_000 - HELD_BACK_US - 1}
+
+
+#: Broker 0 leads and shuts down: the signal at 11.5 ms, the handover (its log turning follower) at 20 ms.
+HANDOVER_US = 20_000
+
+
+def _shutdown(samples: list[Sample]) -> Recording:
+    rec = _recording(samples)
+    rec.faults = [(11_500, Kind.SHUTDOWN, 0)]
+    rec.transitions = [Transition(0, Kind.SHUTDOWN, 0, 11_500, resigned_us=HANDOVER_US)]
+    return rec
+
+
+def test_a_follower_keeps_fetching_from_a_leader_that_shuts_down_until_the_handover():
+    # Broker 1 was short of offsets 2-3 at its last sample before the handover and held them all right after it:
+    # it fetched them before the handover (a leader in controlled shutdown serves fetches until it turns
+    # follower), so the new leader keeps msgs 12 and 13 (no acks=1 loss), as the cluster did.
+    rec = _shutdown([Sample(10_000, 1, {(TOPIC, 0): 2}, set()), Sample(30_000, 1, {(TOPIC, 0): 4}, set())])
+    assert replicate_events(rec) == [(10_000, 1, 8_199), (HANDOVER_US - 1, 1, HANDOVER_US - 1)]
+
+
+def test_a_new_leader_that_took_new_records_at_the_offsets_it_lacked_does_not_hold_the_old_ones():
+    # Broker 1 lacked offsets 2-3 at the handover; as leader it appended msgs 20 and 21 there (26 and 27 ms). Its
+    # log end 4 after the handover says nothing of msgs 12 and 13: it held what was sent before msg 12.
+    rec = _shutdown([Sample(10_000, 1, {(TOPIC, 0): 2}, set()), Sample(30_000, 1, {(TOPIC, 0): 4}, {(TOPIC, 0)})])
+    for mid, sent, off, ms in ((20, 25_000, 2, 26), (21, 25_500, 3, 27)):
+        rec.sent_us[mid] = sent
+        rec.partition[0][mid] = 0
+        rec.deliveries[0][mid] = Delivery(sent + 3_000, None, off, ms)
+    assert replicate_events(rec) == [(10_000, 1, 8_199), (HANDOVER_US - 1, 1, 8_199)]
+
+
+def test_a_sample_long_after_the_handover_says_nothing_of_it():
+    rec = _shutdown([Sample(10_000, 1, {(TOPIC, 0): 2}, set()),
+                     Sample(HANDOVER_US + HANDOVER_READ_US + 1, 1, {(TOPIC, 0): 4}, set())])
+    assert replicate_events(rec) == [(10_000, 1, 8_199)]
