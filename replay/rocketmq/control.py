@@ -135,6 +135,22 @@ def key_of(ts_us, code):
     return ts_us * KEY + code
 
 
+#: C3: the produce payload `delay` (`RouteOutput.delay_us`) holds, in its low COPY_SHIFT bits, the µs from the
+#: produce to the arrival of the send's last attempt at the group that replays it, and above them the attempts at
+#: that group whose entries stay behind: bit k for the one that arrived k × max_wait_ack_ms after the produce
+#: (retry_times_when_send_failed ≤ 16 keeps k small; sends last far less than 2^40 µs).
+COPY_SHIFT = 40
+
+
+def pack_delay(arrival_us, copies):
+    return arrival_us | (copies << COPY_SHIFT)
+
+
+def unpack_delay(delay):
+    """(arrival offset, copies mask) of payload `delay` values (`pack_delay`)."""
+    return delay & ((1 << COPY_SHIFT) - 1), delay >> COPY_SHIFT
+
+
 STOPS = (Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN)
 
 

@@ -24,6 +24,7 @@ from replay.rocketmq.control import (
     RouteClock,
     group_timeline,
     key_of,
+    pack_delay,
 )
 from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
@@ -129,7 +130,9 @@ def java_hash_mod(keys: list[str | None], count: np.ndarray) -> np.ndarray:
 class Routed:
     unit: np.ndarray  # int32 group
     partition: np.ndarray  # int32 queue, -1 when the send failed in routing (no_route)
-    delay_us: np.ndarray  # int64 time from the produce to the arrival at `unit`
+    #: int64 time from the produce to the arrival at `unit`, with the attempts there whose entries stay behind
+    #: (C3: `control.pack_delay`)
+    delay_us: np.ndarray
 
 
 def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_rank: np.ndarray,
@@ -197,6 +200,9 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     deadline = ts + policy.delivery_timeout_ms * MS
     dledger = isinstance(policy, DLedgerPolicy)
     wait_us = policy.max_wait_ack_ms * MS if dledger else 0
+    # C3: the attempts appended and retried (DLedger, no commit within max_wait_ack_ms): bit k of copies[g] marks
+    # the one that arrived at group g k × max_wait_ack_ms after the produce (its entry stays in g's log)
+    copies = np.zeros((n, n_groups), dtype=np.int64) if dledger else None
     while len(active):
         g = group_at(cur_idx[active], active)
         k = key_of(at_us[active], code[active])
@@ -235,12 +241,23 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         part[rows_last] = g[last_try] * qpg + cur_idx[rows_last] % qpg
         delay[rows_last] = at_us[rows_last] - ts[rows_last]
         nxt = active[can_retry]
+        if copies is not None:
+            kept = can_retry & waited
+            rows_kept = active[kept]
+            copies[rows_kept, g[kept]] |= 1 << ((at_us[rows_kept] - ts[rows_kept]) // max(wait_us, 1))
         if len(nxt):
             cur_idx[nxt] = _next_queue(cur_idx[nxt], route_pos[rid[nxt], g[can_retry]], count[nxt], qpg)
             code[nxt] = np.where(waited[can_retry], C_ARRIVE, code[nxt])
             at_us[nxt] = next_at[can_retry]
             attempts_left[nxt] -= 1
         active = nxt
+    if copies is not None:
+        kept = np.flatnonzero(copies.any(axis=1))
+        # a send that failed in routing is replayed where its first entry stays (its first group otherwise)
+        unrouted = kept[part[kept] < 0]
+        first = copies[unrouted] & -copies[unrouted]  # each group's earliest copy, as its lowest bit
+        unit[unrouted] = np.argmin(np.where(first > 0, first, INF), axis=1)
+        delay[kept] = pack_delay(delay[kept], copies[kept, unit[kept]])
     return Routed(unit.astype(np.int32), part.astype(np.int32), delay)
 
 
