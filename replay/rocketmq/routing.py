@@ -200,9 +200,11 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     deadline = ts + policy.delivery_timeout_ms * MS
     dledger = isinstance(policy, DLedgerPolicy)
     wait_us = policy.max_wait_ack_ms * MS if dledger else 0
-    # C3: the attempts appended and retried (DLedger, no commit within max_wait_ack_ms): bit k of copies[g] marks
-    # the one that arrived at group g k × max_wait_ack_ms after the produce (its entry stays in g's log)
-    copies = np.zeros((n, n_groups), dtype=np.int64) if dledger else None
+    # C3: the attempts appended and retried (DLedger, no commit within max_wait_ack_ms), as (row, group, bit k):
+    # the one that arrived at the group k × max_wait_ack_ms after the produce (its entry stays in that group's log)
+    kept_rows: list[np.ndarray] = []
+    kept_groups: list[np.ndarray] = []
+    kept_bits: list[np.ndarray] = []
     while len(active):
         g = group_at(cur_idx[active], active)
         k = key_of(at_us[active], code[active])
@@ -241,23 +243,30 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         part[rows_last] = g[last_try] * qpg + cur_idx[rows_last] % qpg
         delay[rows_last] = at_us[rows_last] - ts[rows_last]
         nxt = active[can_retry]
-        if copies is not None:
-            kept = can_retry & waited
+        kept = can_retry & waited
+        if dledger and kept.any():
             rows_kept = active[kept]
-            copies[rows_kept, g[kept]] |= 1 << ((at_us[rows_kept] - ts[rows_kept]) // max(wait_us, 1))
+            kept_rows.append(rows_kept)
+            kept_groups.append(g[kept])
+            kept_bits.append(np.left_shift(1, (at_us[rows_kept] - ts[rows_kept]) // wait_us))
         if len(nxt):
             cur_idx[nxt] = _next_queue(cur_idx[nxt], route_pos[rid[nxt], g[can_retry]], count[nxt], qpg)
             code[nxt] = np.where(waited[can_retry], C_ARRIVE, code[nxt])
             at_us[nxt] = next_at[can_retry]
             attempts_left[nxt] -= 1
         active = nxt
-    if copies is not None:
-        kept = np.flatnonzero(copies.any(axis=1))
+    if kept_rows:
+        rows, groups, bits = np.concatenate(kept_rows), np.concatenate(kept_groups), np.concatenate(kept_bits)
         # a send that failed in routing is replayed where its first entry stays (its first group otherwise)
-        unrouted = kept[part[kept] < 0]
-        first = copies[unrouted] & -copies[unrouted]  # each group's earliest copy, as its lowest bit
-        unit[unrouted] = np.argmin(np.where(first > 0, first, INF), axis=1)
-        delay[kept] = pack_delay(delay[kept], copies[kept, unit[kept]])
+        order = np.lexsort((bits, rows))
+        first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+        unrouted = first[part[rows[first]] < 0]
+        unit[rows[unrouted]] = groups[unrouted]
+        here = groups == unit[rows]  # the copies in the group that replays the send
+        mask = np.zeros(n, dtype=np.int64)
+        np.bitwise_or.at(mask, rows[here], bits[here])
+        sent = np.flatnonzero(mask)
+        delay[sent] = pack_delay(delay[sent], mask[sent])
     return Routed(unit.astype(np.int32), part.astype(np.int32), delay)
 
 
