@@ -52,8 +52,9 @@ class RouteOutput:
     unit: np.ndarray  # int32: the replay unit (group key of the shuffle)
     partition: np.ndarray  # int32: the partition or queue reported in message_outcomes; -1 = routing failed
     #: int64 µs from the produce to the message's arrival at `unit` (RocketMQ families: a DLedger retry at another
-    #: group after max_wait_ack_ms); None = 0 for every message. Engines read it as the produce payload "delay",
-    #: and `partition` as payload "part" (a unit's engine emits the outcome of a send that failed in routing).
+    #: group after max_wait_ack_ms, with the earlier attempts there whose entries stay packed in, C3); None = 0 for
+    #: every message. Engines read it as the produce payload "delay", and `partition` as payload "part" (a unit's
+    #: engine emits the outcome of a send that failed in routing).
     delay_us: np.ndarray | None = None
 
 

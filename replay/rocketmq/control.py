@@ -28,8 +28,14 @@ C2 Cross-group retries happen only for failures the fault timeline predicts: the
    (C9: retried at once). Failures that depend on replication (a commit that times out behind a stalled
    follower, a SyncStateSet that only replication shrinks, a master that dies before a message commits) fail in
    the unit with their own error.
-C3 The uncommitted copy left by a DLedger attempt that is retried elsewhere is not appended at the first group
-   (it could only surface as a duplicate, which one outcome row per message cannot show).
+C3 SPEC §3.4 R-8: the entry a DLedger attempt appended stays in its group's log whether or not the send is
+   retried (C2). Routing notes, per send, the attempts that were appended and then retried, and hands the group
+   that replays the message the ones made there (payload `delay`, `pack_delay`); the engines append them at their
+   instants as entries of that message (their answers are not the send's) and judge its fate over all its
+   copies. A send that fails in routing is replayed at the group of its first such copy. Units replay
+   independently, so a copy at a group other than the one that replays the message (a retry at another group,
+   C5) is not replayed: that group's log lacks the entry, and the message's fate counts only its replaying
+   group's copies. With a single group in the route every attempt is at that group and nothing is left out.
 C4 NameServer (SPEC §3.3 rule 1, §3.7 R-5): the group's registered master (leader) is dropped at once when it
    crashes or shuts down while reachable (`RouteInfoManager.onChannelDestroy`), 120000 ms after it loses power or
    disk or is isolated (a crash while isolated is not seen either), and registers again when it is reachable and
@@ -133,6 +139,22 @@ KEY = 32  # key = ts_us * KEY + code
 
 def key_of(ts_us, code):
     return ts_us * KEY + code
+
+
+#: C3: the produce payload `delay` (`RouteOutput.delay_us`) holds, in its low COPY_SHIFT bits, the µs from the
+#: produce to the arrival of the send's last attempt at the group that replays it, and above them the attempts at
+#: that group whose entries stay behind: bit k for the one that arrived k × max_wait_ack_ms after the produce
+#: (retry_times_when_send_failed ≤ 16 keeps k small; sends last far less than 2^40 µs).
+COPY_SHIFT = 40
+
+
+def pack_delay(arrival_us, copies):
+    return arrival_us | (copies << COPY_SHIFT)
+
+
+def unpack_delay(delay):
+    """(arrival offset, copies mask) of payload `delay` values (`pack_delay`)."""
+    return delay & ((1 << COPY_SHIFT) - 1), delay >> COPY_SHIFT
 
 
 STOPS = (Kind.CRASH, Kind.POWER_LOSS, Kind.DISK_LOSS, Kind.SHUTDOWN)

@@ -3,8 +3,9 @@
 Replay unit = broker group (SPEC §3.3: the CommitLog is shared by the group's queues). `route()` returns, per
 message, the group that replays it (`unit`), the queue reported in message_outcomes (`partition`, -1 when the
 send failed in routing: `no_route`) and `delay_us`, the time from the produce to the arrival at that group (a
-DLedger retry after max_wait_ack_ms, otherwise 0). Engines read `partition` and `delay_us` back from the produce
-payload keys `part` and `delay`; see `replay/rocketmq/routing.py` for the routing rules and
+DLedger retry after max_wait_ack_ms, otherwise 0) with the earlier attempts there whose entries stay (C3,
+`control.pack_delay`). Engines read `partition` and `delay_us` back from the produce payload keys `part` and
+`delay`; see `replay/rocketmq/routing.py` for the routing rules and
 `replay/rocketmq/control.py` for the modelling choices.
 """
 

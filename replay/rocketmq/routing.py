@@ -24,6 +24,7 @@ from replay.rocketmq.control import (
     RouteClock,
     group_timeline,
     key_of,
+    pack_delay,
 )
 from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
@@ -129,7 +130,9 @@ def java_hash_mod(keys: list[str | None], count: np.ndarray) -> np.ndarray:
 class Routed:
     unit: np.ndarray  # int32 group
     partition: np.ndarray  # int32 queue, -1 when the send failed in routing (no_route)
-    delay_us: np.ndarray  # int64 time from the produce to the arrival at `unit`
+    #: int64 time from the produce to the arrival at `unit`, with the attempts there whose entries stay behind
+    #: (C3: `control.pack_delay`)
+    delay_us: np.ndarray
 
 
 def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_rank: np.ndarray,
@@ -197,6 +200,11 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
     deadline = ts + policy.delivery_timeout_ms * MS
     dledger = isinstance(policy, DLedgerPolicy)
     wait_us = policy.max_wait_ack_ms * MS if dledger else 0
+    # C3: the attempts appended and retried (DLedger, no commit within max_wait_ack_ms), as (row, group, bit k):
+    # the one that arrived at the group k × max_wait_ack_ms after the produce (its entry stays in that group's log)
+    kept_rows: list[np.ndarray] = []
+    kept_groups: list[np.ndarray] = []
+    kept_bits: list[np.ndarray] = []
     while len(active):
         g = group_at(cur_idx[active], active)
         k = key_of(at_us[active], code[active])
@@ -235,12 +243,30 @@ def route_messages(policy: Policy, model: RouteModel, ts_us: np.ndarray, msg_ran
         part[rows_last] = g[last_try] * qpg + cur_idx[rows_last] % qpg
         delay[rows_last] = at_us[rows_last] - ts[rows_last]
         nxt = active[can_retry]
+        kept = can_retry & waited
+        if dledger and kept.any():
+            rows_kept = active[kept]
+            kept_rows.append(rows_kept)
+            kept_groups.append(g[kept])
+            kept_bits.append(np.left_shift(1, (at_us[rows_kept] - ts[rows_kept]) // wait_us))
         if len(nxt):
             cur_idx[nxt] = _next_queue(cur_idx[nxt], route_pos[rid[nxt], g[can_retry]], count[nxt], qpg)
             code[nxt] = np.where(waited[can_retry], C_ARRIVE, code[nxt])
             at_us[nxt] = next_at[can_retry]
             attempts_left[nxt] -= 1
         active = nxt
+    if kept_rows:
+        rows, groups, bits = np.concatenate(kept_rows), np.concatenate(kept_groups), np.concatenate(kept_bits)
+        # a send that failed in routing is replayed where its first entry stays (its first group otherwise)
+        order = np.lexsort((bits, rows))
+        first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+        unrouted = first[part[rows[first]] < 0]
+        unit[rows[unrouted]] = groups[unrouted]
+        here = groups == unit[rows]  # the copies in the group that replays the send
+        mask = np.zeros(n, dtype=np.int64)
+        np.bitwise_or.at(mask, rows[here], bits[here])
+        sent = np.flatnonzero(mask)
+        delay[sent] = pack_delay(delay[sent], mask[sent])
     return Routed(unit.astype(np.int32), part.astype(np.int32), delay)
 
 

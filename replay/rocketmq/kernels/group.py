@@ -22,6 +22,7 @@ from replay.rocketmq.control import (
     RouteClock,
     control_plane,
     key_of,
+    unpack_delay,
 )
 from replay.rocketmq.kernels.common import (
     ACKED,
@@ -34,7 +35,7 @@ from replay.rocketmq.kernels.common import (
 )
 from replay.rocketmq.kernels.flush import FlushState
 from replay.rocketmq.kernels.logs import GroupLogs
-from replay.rocketmq.kernels.messages import GroupMessages
+from replay.rocketmq.kernels.messages import COPY_ROW, GroupMessages, fold_copies
 from replay.rocketmq.kernels.steady import stream_columns
 from replay.shared.kernels.arrays import (
     Grow,
@@ -160,19 +161,23 @@ class GroupReplay(GroupMessages, GroupLogs):
         self._add_payload_keys(payload)
         # room for every message this chunk may settle and append: the records and the leader's log grow once, not
         # by doubling copies (a copy and fresh pages each time: a tenth of rocketmq-controller-allack's CPU)
-        self.room = room = self.pend.n + len(ev.produce_ts)
+        part = payload.get("part", np.zeros(len(ev.produce_ts), dtype=np.int64))
+        delay, copies = unpack_delay(payload.get("delay", np.zeros(len(ev.produce_ts), dtype=np.int64)))
+        n_copies = int(sum(int(((copies >> k) & 1).sum()) for k in range(int(copies.max(initial=0)).bit_length())))
+        self.room = room = self.pend.n + len(ev.produce_ts) + n_copies
         reserve_rows(self.recs, room)
         for log in (self.lead_app, self.lead_cum, *self.epochs.get(self.cp.epoch, (0,))[1:]):
             reserve(log, room)
-        part = payload.get("part", np.zeros(len(ev.produce_ts), dtype=np.int64))
-        delay = payload.get("delay", np.zeros(len(ev.produce_ts), dtype=np.int64))
         unrouted = part < 0
         if unrouted.any():
             self._settle_unrouted(ev, payload, unrouted)
         later = (delay > 0) & ~unrouted
         if later.any():
             self._schedule_arrivals(ev, payload, later, delay)
-        now = ~unrouted & ~later
+        if n_copies:
+            self._schedule_copies(ev, payload, copies)
+        copy_now = (copies & 1) == 1  # C3: a copy appended at the produce instant streams as the produce event
+        now = (~unrouted & ~later) | copy_now
         p_ts = ev.produce_ts[now]
         r_key, p_key = key_of(bts[rep], C_REPLICATE), key_of(p_ts, C_PRODUCE)
         s_key = np.concatenate([r_key, p_key])
@@ -185,6 +190,8 @@ class GroupReplay(GroupMessages, GroupLogs):
         self.p_msg, self.p_size = ev.produce_msg[now], ev.produce_size[now]
         self.p_pay = {k: np.asarray(payload[k][now], dtype=np.int64) if k in payload
                       else np.full(len(p_ts), NONE, dtype=np.int64) for k in self.payload_keys}
+        if copy_now.any():
+            self.p_pay["delay"] = np.where(copy_now[now], COPY_ROW, self.p_pay["delay"])
         (self.s_key, self.s_code, self.s_broker, self.s_rep, self.s_upto, self.s_pidx) = stream_columns(
             order, nrep, r_key, p_key, bb[rep], bu[rep], bi[rep])
         self.s_pos = 0
@@ -232,7 +239,8 @@ class GroupReplay(GroupMessages, GroupLogs):
         replication_bytes = self.replication_bytes  # the recovery of SPEC §4.1 is hypothetical: not counted
         final = self._recover(self.duration_us)
         view = FinalView(None if final is None else runs_array(self.runs[self.ix[final]]), end_runs, end_hw, end_up)
-        records = all_records(self.pend, self.recs, self.payload_keys or (), int(ACKED), int(FAILED)).sorted_by_msg_id()
+        records = fold_copies(all_records(self.pend, self.recs, self.payload_keys or (), int(ACKED),
+                                          int(FAILED)).sorted_by_msg_id())
         result = PartitionResult(self.unit, judge(records, view), rows, merge_intervals(self.timeline.unavail),
                                  replication_bytes)
         result.view = view  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.events import PartitionEvents
-from replay.results import runs_contain
+from replay.results import MessageRecords, runs_contain
 from replay.rocketmq.control import (
     C_ARRIVE,
     INF,
@@ -26,6 +26,43 @@ from schemas.units import MS
 
 _ACKED, _FAILED = int(ACKED), int(FAILED)
 COMPACT_MIN = 4096  # pending rows below which a compaction is not worth its scan
+#: Payload `delay` of a copy's pending row (C3: an attempt appended and retried, whose entry stays): its position
+#: joins its message's at the end (`fold_copies`), its answer is not the send's.
+COPY_ROW = -1
+
+
+def fold_copies(rec: MessageRecords) -> MessageRecords:
+    """The records (in msg_id order) with each copy's row folded into its message's (C3), as the reference holds a
+    message's appends: the latest (epoch, offset) is the position, the earlier ones are extra positions in append
+    order, and the message is visible from its first visible copy. Status, error and ack are the send's."""
+    delay = (rec.payload or {}).get("delay")
+    if delay is None or not (delay == COPY_ROW).any():
+        return rec
+    is_copy = delay == COPY_ROW
+    main = np.flatnonzero(~is_copy)
+    names = ("msg_id", "produce_us", "status", "error", "ack_us", "visible_us", "pos_epoch", "pos_offset")
+    out = MessageRecords(*(getattr(rec, n)[main].copy() for n in names))
+    out.payload = {k: v[main] for k, v in rec.payload.items()}
+    positions: dict[int, list[tuple[int, int]]] = {}
+    for m, e, o, v in zip(rec.msg_id[is_copy].tolist(), rec.pos_epoch[is_copy].tolist(),
+                          rec.pos_offset[is_copy].tolist(), rec.visible_us[is_copy].tolist(), strict=True):
+        if e < 0:
+            continue  # refused (routing keeps this from happening): no entry
+        positions.setdefault(m, []).append((e, o))
+        i = int(np.searchsorted(out.msg_id, m))
+        if v != NULL_US and (out.visible_us[i] == NULL_US or v < out.visible_us[i]):
+            out.visible_us[i] = v
+    extra = [tuple(x) for x in rec.extra_positions.tolist()]
+    for m, pos in positions.items():
+        i = int(np.searchsorted(out.msg_id, m))
+        if out.pos_epoch[i] >= 0:
+            pos.append((int(out.pos_epoch[i]), int(out.pos_offset[i])))
+        pos.sort()  # DLedger epochs grow and offsets grow within one: append order
+        out.pos_epoch[i], out.pos_offset[i] = pos[-1]
+        extra.extend((m, e, o) for e, o in pos[:-1])
+    extra.sort()
+    out.extra_positions = np.array(extra, dtype=np.int64).reshape(-1, 3)
+    return out
 
 
 class GroupMessages:
@@ -67,6 +104,16 @@ class GroupMessages:
         all_rows = np.concatenate([self.sched_row, rows])
         order = np.lexsort((self.pend["msg_id"][all_rows], keys))  # same instant: msg_id order
         self.sched_key, self.sched_row = keys[order], all_rows[order]
+
+    def _schedule_copies(self, ev: PartitionEvents, payload: dict, copies: np.ndarray) -> None:
+        """C3: the attempts appended here k × max_wait_ack_ms after the produce (k ≥ 1) and then retried arrive as
+        rows of their own (`COPY_ROW`); k = 0 streams as the produce event itself (`advance`)."""
+        marked = {**payload, "delay": np.full(len(copies), COPY_ROW, dtype=np.int64)}
+        wait = self.p.max_wait_ack_ms * MS
+        for k in range(1, int(copies.max(initial=0)).bit_length()):
+            sel = ((copies >> k) & 1) == 1
+            if sel.any():
+                self._schedule_arrivals(ev, marked, sel, np.full(len(copies), k * wait, dtype=np.int64))
 
     def _limit(self, rows: np.ndarray) -> np.ndarray:
         """Last instant at which an ack still counts (R1): the broker's status or the client's deadline."""

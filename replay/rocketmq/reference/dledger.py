@@ -63,6 +63,17 @@ class DLedgerReference(GroupReference):
         self._append(t, self.leader, self.epoch, msg, self.p.max_wait_ack_ms)
         self._recommit(t)
 
+    def _copy(self, t: int, msg: Msg) -> None:
+        """SPEC §3.4 rule 2 (C3, `DLedgerServer.handleAppend`): the leader appended the attempt before it failed
+        with IN_SYNC_REPLICAS_NOT_ENOUGH and the producer retried the send; the entry stays in the log, commits or
+        is truncated like any other, and is one more position of the message (its fate counts every copy)."""
+        if not self._writable():
+            return  # routing keeps this from happening
+        r = self.rep[self.leader]
+        msg.positions.append((self.epoch, len(r.log)))
+        self._write(r, [Entry(self.epoch, msg.msg_id, t, msg.size)], t)
+        self._recommit(t)
+
     def _progress(self, t: int, b: int) -> None:
         self._recommit(t)
 

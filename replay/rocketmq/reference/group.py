@@ -13,7 +13,17 @@ import numpy as np
 from replay.events import PartitionEvents
 from replay.policies import Policy
 from replay.results import PartitionResult, StateRow
-from replay.rocketmq.control import C_ARRIVE, C_FLUSH, C_LAST, C_POLL, C_TIMEOUT, KEY, STOPS, RouteClock
+from replay.rocketmq.control import (
+    C_ARRIVE,
+    C_FLUSH,
+    C_LAST,
+    C_POLL,
+    C_TIMEOUT,
+    KEY,
+    STOPS,
+    RouteClock,
+    unpack_delay,
+)
 from replay.rocketmq.reference.logs import GroupReferenceLogs
 from replay.rocketmq.reference.outputs import GroupReferenceOutputs
 from replay.rocketmq.reference.state import Broker, Entry, Msg, MsgState, next_poll, set_state
@@ -52,7 +62,7 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
     def _handlers(self) -> dict[str, Callable[[int, int], None]]:
         """Each derived event's handler, by the name it is scheduled under (subclasses add their own)."""
         return {"noop": self._on_noop, "refetch": self._on_noop, "flush": self._on_flush, "arrive": self._on_arrive,
-                "answer": self._on_answer, "deadline": self._on_deadline}
+                "copy": self._on_copy, "answer": self._on_answer, "deadline": self._on_deadline}
 
     def _push(self, t: int, code: int, what: str, arg: int = 0, sub: int = 0) -> None:
         self.seq += 1
@@ -137,11 +147,17 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
     def _produce(self, t: int, msg_id: int, size: int, payload: dict) -> None:
         msg = Msg(msg_id, t, size, t + self.p.delivery_timeout_ms * MS, payload)
         self.msgs[msg_id] = msg
+        delay, copies = unpack_delay(payload.get("delay", 0))
+        for k in range(copies.bit_length()):  # C3: earlier attempts here whose entries stay in the log
+            if copies >> k & 1:
+                if k == 0:
+                    self._copy(t, msg)
+                else:
+                    self._push(t + k * self.p.max_wait_ack_ms * MS, C_ARRIVE, "copy", msg_id, sub=msg_id)
         if payload.get("part", 0) < 0:
             self._fail(msg, Error.NO_ROUTE)  # SPEC §3.3 rule 3: no group took it
             return
         self._push(msg.deadline_us, C_TIMEOUT, "deadline", msg_id, sub=1)
-        delay = payload.get("delay", 0)
         if delay > 0:
             self._push(t + delay, C_ARRIVE, "arrive", msg_id, sub=msg_id)  # C2: a retry after max_wait_ack
         else:
@@ -151,6 +167,14 @@ class GroupReference(GroupReferenceLogs, GroupReferenceOutputs):
         self._arrive(t, self.msgs[msg_id])
 
     def _arrive(self, t: int, msg: Msg) -> None:
+        raise NotImplementedError
+
+    def _on_copy(self, t: int, msg_id: int) -> None:
+        self._copy(t, self.msgs[msg_id])
+
+    def _copy(self, t: int, msg: Msg) -> None:
+        """C3 (DLedger): an attempt that was appended and then retried; its entry stays, its answer is not the
+        send's."""
         raise NotImplementedError
 
     def _append(self, t: int, b: int, epoch: int, msg: Msg, timeout_ms: int) -> None:

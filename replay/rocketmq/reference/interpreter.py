@@ -5,7 +5,8 @@ differential tests, not for speed. The replay unit is a broker group: its Commit
 offsets are CommitLog positions (entries) and flush decisions count the group's dirty bytes (SPEC §3.3).
 Messages arrive as routed by `replay/rocketmq/control.py` (SPEC §3.3 rules 1-3): payload `part` = -1 marks a
 send that failed in routing (`no_route`); payload `delay` is the time from the produce to the arrival here
-(a DLedger retry after max_wait_ack_ms at a group without quorum). The reference implements the control rules
+(a DLedger retry after max_wait_ack_ms at a group without quorum), with the attempts made here before whose
+entries stay in the log (C3: `control.unpack_delay`). The reference implements the control rules
 (who leads, detection, elections, clients' target) on its own, independently of `replay/rocketmq/control.py`,
 following the modelling choices C1-C9 documented there. Further choices, shared with the kernel:
 

@@ -49,4 +49,7 @@ class GroupReferenceOutputs:
         msgs, rec = message_records(self.msgs)
         keys = sorted({k for m in msgs for k in m.payload})
         rec.payload = {k: np.array([m.payload.get(k, -1) for m in msgs], dtype=np.int64) for k in keys}
+        # a message's earlier appends (C3: attempts appended and retried), in append order
+        extra = [(m.msg_id, e, o) for m in msgs for e, o in m.positions[:-1]]
+        rec.extra_positions = np.array(extra, dtype=np.int64).reshape(-1, 3)
         return rec
