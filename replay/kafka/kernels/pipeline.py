@@ -14,13 +14,14 @@ _REPLICATE = int(Kind.REPLICATE)
 
 
 @compiled
-def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto,
-                           st_ts, st_mask, st_led):
+def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps, b_ts, b_kind, b_who,
+                           b_upto, st_ts, st_mask, st_led):
     n = len(prod)
     out = eng.copy()
     cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
     row = np.zeros(1, dtype=np.int64)
     row[0] = -1
+    step = 0  # the step of T in force at the last answer: answers come in time order
     turn = -_NEVER
     i = 0
     while i < n:
@@ -54,7 +55,9 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
         i = j
         turn = done + gap
         if i < n and prod[i] <= done:
-            for _ in range(turns - 1):
+            while step + 1 < len(tn_ts) and tn_ts[step + 1] <= done:
+                step += 1
+            for _ in range(tn[step] - 1):
                 x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
                 if x == _NEVER:
                     break
