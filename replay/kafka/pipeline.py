@@ -156,7 +156,7 @@ class ClientPipeline:
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, *self.turn_steps(rows),
-                              self.gap_us, p.batch_size, *rest)
+                              self.gap_us, p.max_in_flight_requests_per_connection, p.batch_size, *rest)
             if isinstance(order, slice):
                 ack = planned
             else:
@@ -223,11 +223,14 @@ def turns_at(t: int, tn_ts, tn) -> int:
     return int(tn[max(int(np.searchsorted(tn_ts, t, side="right")) - 1, 0)])
 
 
-def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps, b_ts, b_kind, b_who, b_upto, st_ts,
-                  st_mask, st_led) -> np.ndarray:
-    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request leaves at
-    s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
-    up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
+def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
+                  st_ts, st_mask, st_led) -> np.ndarray:
+    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
+    s = max(first waiting message + linger_ms, the partition's turn). It was made when one of the connection's
+    `slots` (max_in_flight_requests_per_connection) freed: at the answer `slots` requests earlier on the
+    connection (this partition's and the other turns' alike; with one slot, plus the round trip: s itself), or at
+    its first message if a slot was free then. It carries the messages waiting when it was made, up to batch_size
+    bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
     wait at that answer, the connection's other T − 1 requests go first, a fetch cycle each, T as at that answer
     (`turns_at`: P_b follows the leaders). A request that
@@ -242,6 +245,7 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps,
     f_off = np.concatenate([[0], np.cumsum([int(m.sum()) for m in mine])]).astype(np.int64)
     n = len(prod)
     out = eng.copy()
+    answers: list[int] = []  # the connection's answers, in order: the last `slots` free the slots
     turn = -NEVER
     i = 0
     while i < n:
@@ -249,8 +253,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps,
             i += 1
             continue
         s = max(int(prod[i]), turn)
+        del answers[:-slots]
+        made = max(int(prod[i]), answers[0] + gap) if len(answers) == slots else int(prod[i])
         j, used, done = i, 0, s
-        while j < n and (j == i or int(prod[j]) <= s):
+        while j < n and (j == i or int(prod[j]) <= made):
             if ok[j]:
                 if j > i and used + int(size[j]) > batch:
                     break
@@ -266,16 +272,19 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps,
                     out[k] = NEVER
             i = j
             turn = s + gap
+            answers.append(s)  # as far as the slots go, it was read at s
             continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
         turn = done + gap
+        answers.append(done)
         if i < n and int(prod[i]) <= done:
             for _ in range(turns_at(done, tn_ts, tn) - 1):
                 x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
                 if x == NEVER:
                     break
                 turn = x + gap
+                answers.append(x)
     return out

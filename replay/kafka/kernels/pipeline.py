@@ -14,10 +14,12 @@ _REPLICATE = int(Kind.REPLICATE)
 
 
 @compiled
-def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, batch, reps, b_ts, b_kind, b_who,
+def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who,
                            b_upto, st_ts, st_mask, st_led):
     n = len(prod)
     out = eng.copy()
+    answers = np.zeros(slots, dtype=np.int64)  # the connection's last `slots` answers, a ring
+    n_answers = 0
     cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
     row = np.zeros(1, dtype=np.int64)
     row[0] = -1
@@ -29,10 +31,12 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, bat
             i += 1
             continue
         s = max(prod[i], turn)
+        # made when a slot freed: at the answer `slots` requests earlier, the oldest in the ring
+        made = max(prod[i], answers[n_answers % slots] + gap) if n_answers >= slots else prod[i]
         j = i
         used = 0
         done = s
-        while j < n and (j == i or prod[j] <= s):
+        while j < n and (j == i or prod[j] <= made):
             if ok[j]:
                 if j > i and used + size[j] > batch:
                     break
@@ -48,12 +52,16 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, bat
                     out[k] = _NEVER
             i = j
             turn = s + gap
+            answers[n_answers % slots] = s
+            n_answers += 1
             continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
         turn = done + gap
+        answers[n_answers % slots] = done
+        n_answers += 1
         if i < n and prod[i] <= done:
             while step + 1 < len(tn_ts) and tn_ts[step + 1] <= done:
                 step += 1
@@ -62,6 +70,8 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, bat
                 if x == _NEVER:
                     break
                 turn = x + gap
+                answers[n_answers % slots] = x
+                n_answers += 1
     return out
 
 
