@@ -14,6 +14,9 @@ message the moment it was produced. This module turns that instant into the one 
   partitions per request, ceil(P_b / partitions_per_request) requests take turns, one fetch cycle each, whenever
   the partition has more waiting (all partitions are taken to be loaded alike). P_b follows the leaders: a
   broker that takes over a failed broker's partitions serves more turns (`Leadership`, `ClientPipeline.turn_steps`).
+  A request is made, and its content fixed, when one of the connection's max_in_flight_requests_per_connection
+  slots frees, some answers before the broker reads it (librdkafka `rd_kafka_toppar_producer_serve`, Java
+  `InFlightRequests.canSendMore`).
 
 The pass is the same for both engines: the reference interpreter runs `plan_requests` (readable Python), the
 kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential tests hold them equal.
@@ -233,10 +236,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
     bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
     wait at that answer, the connection's other T − 1 requests go first, a fetch cycle each, T as at that answer
-    (`turns_at`: P_b follows the leaders). A request that
-    leaves after the engine's instants for all its messages (a backlog) and that no fetch of the trace answers is
-    answered beyond the trace (NEVER): `settle` leaves its messages pending, or failed where their delivery timeout
-    ran out within the trace. Where the engine's instant is later, it stands (a sparse trace's last fetch)."""
+    (`turns_at`: P_b follows the leaders). A request read after the engine's instants for all its messages (a
+    backlog) and that no fetch of the trace answers is answered beyond the trace (NEVER): `settle` leaves its
+    messages pending, or failed where their delivery timeout ran out within the trace. Where the engine's instant is
+    later, it stands (a sparse trace's last fetch)."""
     # each follower's fetches, in time order (the events are), one block per replica
     fetches = b_kind == int(Kind.REPLICATE)
     mine = [fetches & (b_who == b) for b in reps]
