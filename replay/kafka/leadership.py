@@ -18,6 +18,7 @@ import numpy as np
 from replay.events import PartitionEvents
 from replay.kafka.pipeline import Leadership
 from replay.policies import KafkaPolicy
+from schemas.units import MS
 
 
 def leadership(policy: KafkaPolicy, replicas: Mapping[int, Sequence[int]], control: PartitionEvents,
@@ -28,11 +29,15 @@ def leadership(policy: KafkaPolicy, replicas: Mapping[int, Sequence[int]], contr
 
     faults = PartitionEvents(control.produce_ts[:0], control.produce_msg[:0], control.produce_size[:0],
                              control.broker_ts, control.broker_kind, control.broker_id, control.broker_upto)
+    # Without writes only the faults and their fencing deadlines (rule 6) change leaders: replaying past the last
+    # deadline would only run idle ISR check ticks
+    last = int(control.broker_ts.max()) if len(control.broker_ts) else 0
+    horizon = min(duration_us, last + 2 * policy.session_timeout_ms * MS)
     by_order: dict[tuple[int, ...], list[tuple[int, int | None]]] = {}
     for reps in replicas.values():
         order = tuple(reps)
         if order not in by_order:
-            rows = replay_partition(policy, 0, order, faults, duration_us).states
+            rows = replay_partition(policy, 0, order, faults, horizon).states
             changes = [(r.ts_us, r.leader) for r in rows]
             by_order[order] = [c for i, c in enumerate(changes) if i == 0 or c[1] != changes[i - 1][1]]
     return Leadership.of([by_order[tuple(replicas[p])] for p in sorted(replicas)])
