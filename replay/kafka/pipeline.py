@@ -40,7 +40,7 @@ from schemas.units import MS
 NEVER = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Leadership:
     """Who leads each partition over the trace, for P_b of SPEC §3.7 K-6: `leader[k, p]` is partition p's leader
     from instant `ts[k]` on (-1: none); `ts` starts at 0 and holds each instant at which some leader changes.
