@@ -30,6 +30,7 @@ def family_of(policy: Policy) -> Family:
 
 def engine_context(policy: Policy, manifest: Manifest, control: PartitionEvents) -> dict[str, Any]:
     """Keyword arguments a unit's engines (`Family.kernel`, `Family.reference`) take from the whole trace, for
-    families whose units depend on more than their own events (RocketMQ's route clock, SPEC §3.7 R-5); {} else."""
+    families whose units depend on more than their own events (RocketMQ's route clock, SPEC §3.7 R-5; Kafka's
+    leaders of every partition for P_b, K-6); {} else."""
     ctx = getattr(family_of(policy), "engine_context", None)
     return ctx(policy, manifest, control) if ctx is not None else {}

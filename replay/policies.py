@@ -229,9 +229,9 @@ class KafkaPolicy(Policy):
                             "the partition's next request (SPEC §3.7 K-6)", unit="bytes", minimum=1,
                             source="`batch.size` (ProducerConfig)")
     max_in_flight_requests_per_connection: int = param(
-        5, "requests a client may have outstanding on one broker connection; with 1 the broker idles a round trip "
-        "between two requests, with more the next request is already queued when the previous is answered "
-        "(SPEC §3.7 K-6)", minimum=1, maximum=5,
+        5, "requests a client may have outstanding on one broker connection: a request is made, with the messages "
+        "waiting then, when one of these slots frees, and read by the broker once the requests before it are "
+        "answered; with 1 the broker idles a round trip between two requests (SPEC §3.7 K-6)", minimum=1, maximum=5,
         source="`max.in.flight.requests.per.connection` (ProducerConfig; at most 5 with idempotence)")
     partitions_per_request: int | None = param(
         None, "partitions of one broker a produce request carries: null = all of them (the Java producer), 1 = "

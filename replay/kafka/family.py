@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from functools import cache
+from collections.abc import Hashable
 from typing import Any
 
 from replay.events import PartitionEvents
 from replay.family import Layout, RouteInput, RouteOutput
-from replay.kafka.pipeline import leaders_on_broker
+from replay.kafka.leadership import cached_leadership
+from replay.kafka.pipeline import Leadership
 from replay.kafka.routing import kafka_assignment, kafka_route
-from replay.policies import KafkaPolicy
+from replay.policies import Acks, KafkaPolicy
 from replay.results import PartitionResult
 from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Manifest
-
-
-@cache
-def _leaders(partitions: int, replication_factor: int, brokers: tuple[int, ...], assignment) -> dict[int, int]:
-    """P_b per broker, once per layout (the engines ask for every unit)."""
-    return leaders_on_broker(dict(enumerate(kafka_assignment(partitions, replication_factor, brokers, assignment))))
 
 
 class KafkaFamily:
@@ -49,25 +43,29 @@ class KafkaFamily:
         return RouteOutput(part, part)
 
     def engine_context(self, policy: KafkaPolicy, manifest: Manifest, control: PartitionEvents) -> dict[str, Any]:
-        """What a partition's engines need beyond its own events (`replay/families.py` `engine_context`): P_b, the
-        partitions each broker leads in the layout, and the clients' round trip (SPEC §3.7 K-6, K-7)."""
-        return {"leaders_on_broker": _leaders(policy.partitions, policy.replication_factor, manifest.broker_ids,
-                                              policy.assignment),
-                "round_trip_us": manifest.client_round_trip_us}
+        """What a partition's engines need beyond its own events (`replay/families.py` `engine_context`): who leads
+        every partition over the trace, for P_b (only where it counts: acks=all with partitions_per_request set),
+        and the clients' round trip (SPEC §3.7 K-6, K-7)."""
+        leaders = None
+        if policy.acks is Acks.ALL and policy.partitions_per_request is not None:
+            replicas = kafka_assignment(policy.partitions, policy.replication_factor, manifest.broker_ids,
+                                        policy.assignment)
+            leaders = cached_leadership(policy, replicas, control, manifest.duration_us)
+        return {"leadership": leaders, "round_trip_us": manifest.client_round_trip_us}
 
     def reference(self, policy: KafkaPolicy, unit: int, replicas: tuple[int, ...], events: PartitionEvents,
-                  duration_us: int, leaders_on_broker: Mapping[int, int] | None = None,
+                  duration_us: int, leadership: Leadership | None = None,
                   round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> PartitionResult:
         from replay.kafka.reference.interpreter import replay_partition
 
-        return replay_partition(policy, unit, replicas, events, duration_us, leaders_on_broker, round_trip_us)
+        return replay_partition(policy, unit, replicas, events, duration_us, leadership, round_trip_us)
 
     def kernel(self, policy: KafkaPolicy, unit: int, replicas: tuple[int, ...], duration_us: int,
-               leaders_on_broker: Mapping[int, int] | None = None,
+               leadership: Leadership | None = None,
                round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> Any:
         from replay.kafka.kernels.kernel import KafkaPartitionReplay
 
-        return KafkaPartitionReplay(policy, unit, replicas, duration_us, leaders_on_broker=leaders_on_broker,
+        return KafkaPartitionReplay(policy, unit, replicas, duration_us, leadership=leadership,
                                     round_trip_us=round_trip_us)
 
 

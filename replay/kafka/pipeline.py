@@ -12,7 +12,11 @@ message the moment it was produced. This module turns that instant into the one 
   fetch instants: the trace's `replicate` events of this partition. A partition's next request is read once the
   connection's previous ones are answered; with P_b partitions led by the broker and `partitions_per_request`
   partitions per request, ceil(P_b / partitions_per_request) requests take turns, one fetch cycle each, whenever
-  the partition has more waiting (all partitions are taken to be loaded alike).
+  the partition has more waiting (all partitions are taken to be loaded alike). P_b follows the leaders: a
+  broker that takes over a failed broker's partitions serves more turns (`Leadership`, `ClientPipeline.turn_steps`).
+  A request is made, and its content fixed, when one of the connection's max_in_flight_requests_per_connection
+  slots frees, some answers before the broker reads it (librdkafka `rd_kafka_toppar_producer_serve`, Java
+  `InFlightRequests.canSendMore`).
 
 The pass is the same for both engines: the reference interpreter runs `plan_requests` (readable Python), the
 kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential tests hold them equal.
@@ -20,8 +24,7 @@ kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -37,34 +40,64 @@ from schemas.units import MS
 NEVER = np.iinfo(np.int64).max
 
 
-def leaders_on_broker(replicas: Mapping[int, Sequence[int]]) -> dict[int, int]:
-    """P_b of SPEC §3.7 K-6: how many partitions each broker leads in the layout (its preferred leaders)."""
-    counts: dict[int, int] = {}
-    for reps in replicas.values():
-        counts[reps[0]] = counts.get(reps[0], 0) + 1
-    return counts
+@dataclass(frozen=True, eq=False)
+class Leadership:
+    """Who leads each partition over the trace, for P_b of SPEC §3.7 K-6: `leader[k, p]` is partition p's leader
+    from instant `ts[k]` on (-1: none); `ts` starts at 0 and holds each instant at which some leader changes.
+    Built once per trace and policy (`replay.kafka.leadership.leadership`) and handed to every partition's
+    engines (`engine_context`), so both engines count the same leaders."""
+
+    ts: np.ndarray  # int64, ascending
+    leader: np.ndarray  # int64, shape (len(ts), partitions)
+
+    @classmethod
+    def of(cls, changes: Sequence[Sequence[tuple[int, int | None]]]) -> Leadership:
+        """From each partition's leader changes, (instant, leader or None) in time order, the first at 0."""
+        ts = np.unique(np.array([0, *(t for part in changes for t, _ in part)], dtype=np.int64))
+        leader = np.full((len(ts), len(changes)), -1, dtype=np.int64)
+        for p, part in enumerate(changes):
+            at = np.array([t for t, _ in part], dtype=np.int64)
+            who = np.array([-1 if b is None else b for _, b in part], dtype=np.int64)
+            k = np.searchsorted(at, ts, side="right") - 1  # the change in force at each instant
+            leader[:, p] = np.where(k >= 0, who[np.maximum(k, 0)], -1)
+        return cls(ts, leader)
 
 
 @dataclass
 class ClientPipeline:
-    """What the pass needs of one partition: the policy's client settings, P_b, the round trip, and the
-    partition's produce sizes and follower fetches as the engine sees them (chunk by chunk for the kernel)."""
+    """What the pass needs of one partition: the policy's client settings, who leads the other partitions (P_b),
+    the round trip, and the partition's produce sizes and follower fetches as the engine sees them (chunk by
+    chunk for the kernel)."""
 
     policy: KafkaPolicy
+    partition: int
     replicas: tuple[int, ...]
     duration_us: int
-    leaders_on_broker: Mapping[int, int] | None = None
+    leadership: Leadership | None = None
     round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US
     msg: list[np.ndarray] = field(default_factory=list)
     size: list[np.ndarray] = field(default_factory=list)
     fetch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
-    @property
-    def turns(self) -> int:
-        """Requests that take turns on the leader's connection while every partition has data waiting."""
-        p_b = (self.leaders_on_broker or {}).get(self.replicas[0], 1)
+    def turn_steps(self, rows: Sequence[StateRow]) -> tuple[np.ndarray, np.ndarray]:
+        """T of SPEC §3.7 K-6 as a step function (instants, T from each on): the requests that take turns on the
+        connection of the partition's leader while every partition has data waiting, ⌈P_b / partitions_per_request⌉,
+        with P_b this partition plus the others its leader (the partition's own, from `rows`) leads then. T = 1
+        with one request per broker (partitions_per_request null), without a leader, or without `leadership`."""
         per = self.policy.partitions_per_request
-        return 1 if per is None else max(1, math.ceil(p_b / per))
+        if per is None or self.leadership is None:
+            return np.zeros(1, np.int64), np.ones(1, np.int64)
+        own_ts = np.array([r.ts_us for r in rows], dtype=np.int64)
+        own = np.array([-1 if r.leader is None else r.leader for r in rows], dtype=np.int64)
+        lead = self.leadership
+        ts = np.union1d(lead.ts, own_ts)
+        k_own = np.searchsorted(own_ts, ts, side="right") - 1
+        b = np.where(k_own >= 0, own[np.maximum(k_own, 0)], -1)
+        others = np.delete(lead.leader, self.partition, axis=1)[np.searchsorted(lead.ts, ts, side="right") - 1]
+        p_b = 1 + (others == b[:, None]).sum(axis=1)
+        turns = np.where(b >= 0, -(-p_b // per), 1).astype(np.int64)
+        keep = np.concatenate([[True], turns[1:] != turns[:-1]])  # the steps only
+        return ts[keep], turns[keep]
 
     @property
     def gap_us(self) -> int:
@@ -125,8 +158,8 @@ class ClientPipeline:
             np.add(ack, delay, out=ack, where=ack != NULL_US)
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
-            planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, self.turns, self.gap_us,
-                              p.batch_size, *rest)
+            planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, *self.turn_steps(rows),
+                              self.gap_us, p.max_in_flight_requests_per_connection, p.batch_size, *rest)
             if isinstance(order, slice):
                 ack = planned
             else:
@@ -188,16 +221,25 @@ def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
     return NEVER
 
 
-def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto, st_ts,
-                  st_mask, st_led) -> np.ndarray:
-    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request leaves at
-    s = max(first waiting message + linger_ms, the partition's turn) and carries the waiting messages ready by s,
-    up to batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
+def turns_at(t: int, tn_ts, tn) -> int:
+    """T of SPEC §3.7 K-6 at instant t, from the steps of `ClientPipeline.turn_steps`."""
+    return int(tn[max(int(np.searchsorted(tn_ts, t, side="right")) - 1, 0)])
+
+
+def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
+                  st_ts, st_mask, st_led) -> np.ndarray:
+    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
+    s = max(first waiting message + linger_ms, the partition's turn). It was made when one of the connection's
+    `slots` (max_in_flight_requests_per_connection) freed: at the answer `slots` requests earlier on the
+    connection (this partition's and the other turns' alike; with one slot, plus the round trip: s itself), or at
+    its first message if a slot was free then. It carries the messages waiting when it was made, up to batch_size
+    bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
-    wait at that answer, the connection's other turns − 1 requests go first, a fetch cycle each. A request that
-    leaves after the engine's instants for all its messages (a backlog) and that no fetch of the trace answers is
-    answered beyond the trace (NEVER): `settle` leaves its messages pending, or failed where their delivery timeout
-    ran out within the trace. Where the engine's instant is later, it stands (a sparse trace's last fetch)."""
+    wait at that answer, the connection's other T − 1 requests go first, a fetch cycle each, T as at that answer
+    (`turns_at`: P_b follows the leaders). A request read after the engine's instants for all its messages (a
+    backlog) and that no fetch of the trace answers is answered beyond the trace (NEVER): `settle` leaves its
+    messages pending, or failed where their delivery timeout ran out within the trace. Where the engine's instant is
+    later, it stands (a sparse trace's last fetch)."""
     # each follower's fetches, in time order (the events are), one block per replica
     fetches = b_kind == int(Kind.REPLICATE)
     mine = [fetches & (b_who == b) for b in reps]
@@ -206,6 +248,7 @@ def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_t
     f_off = np.concatenate([[0], np.cumsum([int(m.sum()) for m in mine])]).astype(np.int64)
     n = len(prod)
     out = eng.copy()
+    answers: list[int] = []  # the connection's answers, in order: the last `slots` free the slots
     turn = -NEVER
     i = 0
     while i < n:
@@ -213,8 +256,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_t
             i += 1
             continue
         s = max(int(prod[i]), turn)
+        del answers[:-slots]
+        made = max(int(prod[i]), answers[0] + gap) if len(answers) == slots else int(prod[i])
         j, used, done = i, 0, s
-        while j < n and (j == i or int(prod[j]) <= s):
+        while j < n and (j == i or int(prod[j]) <= made):
             if ok[j]:
                 if j > i and used + int(size[j]) > batch:
                     break
@@ -230,16 +275,19 @@ def plan_requests(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_t
                     out[k] = NEVER
             i = j
             turn = s + gap
+            answers.append(s)  # as far as the slots go, it was read at s
             continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
         turn = done + gap
+        answers.append(done)
         if i < n and int(prod[i]) <= done:
-            for _ in range(turns - 1):
+            for _ in range(turns_at(done, tn_ts, tn) - 1):
                 x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
                 if x == NEVER:
                     break
                 turn = x + gap
+                answers.append(x)
     return out

@@ -117,7 +117,7 @@ def kafka_policies(draw, n_brokers: int) -> KafkaPolicy:
         # the client's pipeline (SPEC §3.7 K-6, K-7): a linger longer than a fetch gap, one-message batches
         "linger_ms": draw(st.sampled_from([0, 5, 300])),
         "batch_size": draw(st.sampled_from([100, 16384])),
-        "max_in_flight_requests_per_connection": draw(st.sampled_from([1, 5])),
+        "max_in_flight_requests_per_connection": draw(st.sampled_from([1, 2, 5])),
     }
     per_request = draw(st.sampled_from([None, 1, 2]))
     if per_request is not None:

@@ -18,7 +18,6 @@ leader appended (16 bytes per appended message); messages are kept only until th
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -40,7 +39,7 @@ from replay.kafka.kernels.pipeline import plan_requests_compiled, shift_acks_com
 from replay.kafka.kernels.steady import C_TICK, CODES_PER_INSTANT, INF, Durability, Flush, FlushCode
 from replay.kafka.kernels.stream import merge_stream
 from replay.kafka.kernels.stretch import KafkaStretches
-from replay.kafka.pipeline import ClientPipeline
+from replay.kafka.pipeline import ClientPipeline, Leadership
 from replay.kafka.reference.state import ISR_CHECKS_PER_LAG_TIME
 from replay.policies import OS_WRITEBACK_EXPIRE_MS, OS_WRITEBACK_PERIOD_MS, Acks, FlushMode, KafkaPolicy
 from replay.results import (
@@ -69,11 +68,11 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
     """Chunked replay of one partition: `advance()` time chunks in order, then `finish()`."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
-                 window_us: int = S, leaders_on_broker: Mapping[int, int] | None = None,
+                 window_us: int = S, leadership: Leadership | None = None,
                  round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
         # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied when the partition finishes
-        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
+        self.client = ClientPipeline(policy, partition, tuple(replicas), duration_us, leadership, round_trip_us)
         self.partition = partition
         self.order = tuple(replicas)
         self.ix = {b: i for i, b in enumerate(self.order)}
@@ -317,10 +316,10 @@ class KafkaPartitionReplay(KafkaStretches, KafkaOutputs, KafkaControl, KafkaClie
 
 
 def replay_partition(policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], events: PartitionEvents,
-                     duration_us: int, leaders_on_broker: Mapping[int, int] | None = None,
+                     duration_us: int, leadership: Leadership | None = None,
                      round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> PartitionResult:
     """Kernel replay of one partition in one pass."""
-    replay = KafkaPartitionReplay(policy, partition, replicas, duration_us, leaders_on_broker=leaders_on_broker,
+    replay = KafkaPartitionReplay(policy, partition, replicas, duration_us, leadership=leadership,
                                   round_trip_us=round_trip_us)
     replay.advance(events, duration_us + 1)
     return replay.finish()

@@ -14,13 +14,16 @@ _REPLICATE = int(Kind.REPLICATE)
 
 
 @compiled
-def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, reps, b_ts, b_kind, b_who, b_upto,
-                           st_ts, st_mask, st_led):
+def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who,
+                           b_upto, st_ts, st_mask, st_led):
     n = len(prod)
     out = eng.copy()
+    answers = np.zeros(slots, dtype=np.int64)  # the connection's last `slots` answers, a ring
+    n_answers = 0
     cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
     row = np.zeros(1, dtype=np.int64)
     row[0] = -1
+    step = 0  # the step of T in force at the last answer: answers come in time order
     turn = -_NEVER
     i = 0
     while i < n:
@@ -28,10 +31,12 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
             i += 1
             continue
         s = max(prod[i], turn)
+        # made when a slot freed: at the answer `slots` requests earlier, the oldest in the ring
+        made = max(prod[i], answers[n_answers % slots] + gap) if n_answers >= slots else prod[i]
         j = i
         used = 0
         done = s
-        while j < n and (j == i or prod[j] <= s):
+        while j < n and (j == i or prod[j] <= made):
             if ok[j]:
                 if j > i and used + size[j] > batch:
                     break
@@ -47,18 +52,26 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, turns, gap, batch, 
                     out[k] = _NEVER
             i = j
             turn = s + gap
+            answers[n_answers % slots] = s
+            n_answers += 1
             continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
         turn = done + gap
+        answers[n_answers % slots] = done
+        n_answers += 1
         if i < n and prod[i] <= done:
-            for _ in range(turns - 1):
+            while step + 1 < len(tn_ts) and tn_ts[step + 1] <= done:
+                step += 1
+            for _ in range(tn[step] - 1):
                 x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
                 if x == _NEVER:
                     break
                 turn = x + gap
+                answers[n_answers % slots] = x
+                n_answers += 1
     return out
 
 

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from replay.events import PartitionEvents
-from replay.kafka.pipeline import ClientPipeline
+from replay.kafka.pipeline import ClientPipeline, Leadership
 from replay.kafka.reference.clients import KafkaReferenceClients
 from replay.kafka.reference.control import KafkaReferenceControl
 from replay.kafka.reference.outputs import KafkaReferenceOutputs
@@ -70,11 +70,11 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
     """Replays one partition of a trace under a `kafka` policy."""
 
     def __init__(self, policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], duration_us: int,
-                 leaders_on_broker: Mapping[int, int] | None = None,
+                 leadership: Leadership | None = None,
                  round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> None:
         self.p = policy
         # SPEC §3.7 K-6, K-7: the client's side of each acknowledgement, applied in `_finish`
-        self.client = ClientPipeline(policy, tuple(replicas), duration_us, leaders_on_broker, round_trip_us)
+        self.client = ClientPipeline(policy, partition, tuple(replicas), duration_us, leadership, round_trip_us)
         self.partition = partition
         self.order = replicas  # assignment order; the first is the preferred leader
         self.duration_us = duration_us
@@ -318,7 +318,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
 
 
 def replay_partition(policy: KafkaPolicy, partition: int, replicas: tuple[int, ...], events: PartitionEvents,
-                     duration_us: int, leaders_on_broker: Mapping[int, int] | None = None,
+                     duration_us: int, leadership: Leadership | None = None,
                      round_trip_us: int = DEFAULT_CLIENT_ROUND_TRIP_US) -> PartitionResult:
     """Reference replay of one partition (SPEC §9)."""
-    return KafkaReference(policy, partition, replicas, duration_us, leaders_on_broker, round_trip_us).run(events)
+    return KafkaReference(policy, partition, replicas, duration_us, leadership, round_trip_us).run(events)

@@ -1,0 +1,144 @@
+"""SPEC §3.7 K-6's pieces on their own: who leads the other partitions (P_b), T as a step function, and the
+compiled planner against the reference one on long request streams (the engine-level differential tests draw
+short traces, which rarely fill max_in_flight_requests_per_connection slots or change T twice)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.events import PartitionEvents
+from replay.kafka.kernels.pipeline import plan_requests_compiled
+from replay.kafka.leadership import leadership
+from replay.kafka.pipeline import NEVER, ClientPipeline, Leadership, plan_requests
+from replay.kafka.routing import kafka_assignment
+from replay.policies import parse_policy
+from replay.results import StateRow
+from schemas.trace import Kind
+
+S = 1_000_000
+
+
+def _faults(*events: tuple[int, Kind, int]) -> PartitionEvents:
+    z = np.zeros(0, dtype=np.int64)
+    ts, kind, who = zip(*events, strict=True) if events else ((), (), ())
+    return PartitionEvents(z, z, z, np.array(ts, np.int64), np.array([int(k) for k in kind], np.int8),
+                           np.array(who, np.int64), np.zeros(len(ts), np.int64))
+
+
+def test_leaders_follow_the_elections_of_the_fault_events():
+    """6 partitions on 3 brokers (seed: partition i led by broker i mod 3). Broker 2 crashes at 5 s and is fenced
+    9 s later (KRaft, rule 6): its partitions 2 and 5 (replicas [2, 0, 1]) elect broker 0 (rule 8). It restarts at
+    30 s as a follower: no election gives its partitions back (no preferred-leader election)."""
+    policy = parse_policy("kafka:partitions=6,acks=all,partitions_per_request=1")
+    replicas = dict(enumerate(kafka_assignment(6, 3, (0, 1, 2), policy.assignment)))
+    lead = leadership(policy, replicas, _faults((5 * S, Kind.CRASH, 2), (30 * S, Kind.RESTART, 2)), 60 * S)
+    assert lead.ts.tolist() == [0, 14 * S]
+    assert lead.leader.tolist() == [[0, 1, 2, 0, 1, 2], [0, 1, 0, 0, 1, 0]]
+
+
+def test_a_partition_without_a_leader_counts_for_none():
+    """Both brokers crash (replication factor 2), at 1 s and 2 s: each partition's leader is fenced 9 s after its
+    crash and the other replica, down too, cannot be elected, so both partitions are offline from 11 s (rule 8)."""
+    policy = parse_policy("kafka:partitions=2,replication_factor=2,acks=all,partitions_per_request=1")
+    replicas = dict(enumerate(kafka_assignment(2, 2, (0, 1), policy.assignment)))
+    lead = leadership(policy, replicas, _faults((1 * S, Kind.CRASH, 0), (2 * S, Kind.CRASH, 1)), 60 * S)
+    assert lead.ts.tolist() == [0, 10 * S, 11 * S]
+    assert lead.leader.tolist() == [[0, 1], [-1, 1], [-1, -1]]
+
+
+def _rows(*changes: tuple[int, int | None]) -> list[StateRow]:
+    return [StateRow(t, b, 0, (0, 1, 2), None, None) for t, b in changes]
+
+
+def test_turns_count_the_partitions_the_own_leader_leads_at_each_instant():
+    """T = ⌈P_b / partitions_per_request⌉ with P_b = 1 + the other partitions the partition's own leader (its
+    state rows) leads then: broker 0 leads 2 of 6 partitions, then 4 from 14 s; partition 0 itself moves to
+    broker 1 at 20 s (its own rows), which leads 2 others then; no leader at 30 s: T = 1."""
+    lead = Leadership.of([[(0, 0), (20 * S, 1), (30 * S, None)], [(0, 1)], [(0, 2), (14 * S, 0)],
+                          [(0, 0)], [(0, 1)], [(0, 2), (14 * S, 0)]])
+    rows = _rows((0, 0), (20 * S, 1), (30 * S, None))
+    one = ClientPipeline(parse_policy("kafka:partitions=6,acks=all,partitions_per_request=1"), 0, (0, 1, 2),
+                         60 * S, lead)
+    ts, turns = one.turn_steps(rows)
+    assert list(zip(ts.tolist(), turns.tolist(), strict=True)) == [(0, 2), (14 * S, 4), (20 * S, 3), (30 * S, 1)]
+    two = ClientPipeline(parse_policy("kafka:partitions=6,acks=all,partitions_per_request=2"), 0, (0, 1, 2),
+                         60 * S, lead)
+    ts, turns = two.turn_steps(rows)
+    assert list(zip(ts.tolist(), turns.tolist(), strict=True)) == [(0, 1), (14 * S, 2), (30 * S, 1)]
+    java = ClientPipeline(parse_policy("kafka:partitions=6,acks=all"), 0, (0, 1, 2), 60 * S, lead)
+    assert java.turn_steps(rows)[1].tolist() == [1]
+
+
+@st.composite
+def plans(draw):
+    """A partition's messages (bursts, some not acknowledged by the engine), its followers' fetches (brokers 1 and
+    2, sometimes stopping early), an ISR timeline, T steps and the client's settings."""
+    n = draw(st.integers(1, 120))
+    gaps = draw(st.lists(st.integers(0, 80_000), min_size=n, max_size=n))
+    prod = np.cumsum(np.array(gaps, np.int64)) + 1_000
+    eng = prod + np.array(draw(st.lists(st.integers(0, 300_000), min_size=n, max_size=n)), np.int64)
+    ok = np.ones(n, np.bool_)
+    ok[draw(st.lists(st.integers(0, n - 1), max_size=3))] = False  # refused or failed in the engine
+    size = np.array(draw(st.lists(st.sampled_from([100, 3000, 9000]), min_size=n, max_size=n)), np.int64)
+    every = draw(st.sampled_from([20_000, 100_000, 250_000]))
+    end = int(prod[-1]) + draw(st.sampled_from([0, 2 * S, 30 * S]))
+    ts, who, upto = [], [], []
+    for b in (1, 2):
+        stop = draw(st.sampled_from([end, end // 2]))
+        for t in range(every, stop + 1, every):
+            ts.append(t)
+            who.append(b)
+            upto.append(t - draw(st.sampled_from([0, 0, every // 2])))
+    order = np.lexsort((np.array(who), np.array(ts))) if ts else np.zeros(0, np.int64)
+    b_ts = np.array(ts, np.int64)[order]
+    b_who = np.array(who, np.int64)[order]
+    b_upto = np.array(upto, np.int64)[order]
+    b_kind = np.full(len(b_ts), int(Kind.REPLICATE), np.int8)
+    st_ts, st_mask, st_led = [0], [0b110], [True]
+    if draw(st.booleans()):  # an ISR change, or a spell without a leader
+        st_ts.append(draw(st.integers(1, end)))
+        st_mask.append(draw(st.sampled_from([0b010, 0b100, 0])))
+        st_led.append(draw(st.booleans()))
+    # T changes, at fetch instants too (answers come at them: the step in force at an answer is T's own)
+    at = st.one_of(st.integers(1, end), st.integers(1, max(end // every, 1)).map(lambda k: k * every))
+    steps = sorted(set(draw(st.lists(at, max_size=4))))
+    tn_ts = np.array([0, *steps], np.int64)
+    tn = np.array(draw(st.lists(st.integers(1, 6), min_size=len(tn_ts), max_size=len(tn_ts))), np.int64)
+    slots = draw(st.integers(1, 5))
+    rtt = draw(st.sampled_from([0, 1000]))
+    return (prod, eng, ok, size, 5000, rtt, tn_ts, tn, rtt if slots == 1 else 0, slots,
+            draw(st.sampled_from([100, 16384])), np.array([0, 1, 2], np.int64), b_ts, b_kind, b_who, b_upto,
+            np.array(st_ts, np.int64), np.array(st_mask, np.int64), np.array(st_led, np.bool_))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(plans())
+def test_compiled_planner_matches_the_reference(args):
+    ref = plan_requests(*args)
+    ker = plan_requests_compiled(*args)
+    assert ker.tolist() == ref.tolist()
+
+
+def test_a_request_carries_what_waited_when_its_slot_freed():
+    """SPEC §3.7 K-6 with 2 slots, one message every 30 ms, fetches every 100 ms (k23-client-pipeline-slots): the
+    request read at 200 ms was made at the 100 ms answer and carries the two messages sent by then, not the three
+    sent by 200 ms; with one slot it is made when read and carries all three."""
+    prod = np.arange(5_000, 400_000, 30_000, dtype=np.int64)
+    n = len(prod)
+    fetch = np.arange(100_000, 1_000_001, 100_000, dtype=np.int64)
+    b_ts, b_who = np.repeat(fetch, 2), np.tile(np.array([1, 2], np.int64), len(fetch))
+    common = dict(reps=np.array([0, 1, 2], np.int64), b_ts=b_ts, b_kind=np.full(len(b_ts), int(Kind.REPLICATE),
+                  np.int8), b_who=b_who, b_upto=b_ts.copy(), st_ts=np.array([0], np.int64),
+                  st_mask=np.array([0b110], np.int64), st_led=np.array([True]))
+    ones = np.array([0], np.int64), np.array([1], np.int64)
+
+    def acks(slots: int, gap: int) -> list[int]:
+        out = plan_requests(prod, prod.copy(), np.ones(n, np.bool_), np.full(n, 100, np.int64), 0, 0, *ones, gap,
+                            slots, 16384, **common)
+        assert NEVER not in out.tolist()
+        return [int(a) // 1000 for a in out]
+
+    assert acks(2, 0) == [100, 200, 300, 300, 400, 400, 400, 500, 500, 500, 600, 600, 600, 600]
+    assert acks(1, 1000) == [100, 200, 200, 200, 300, 300, 300, 400, 400, 400, 500, 500, 500, 500]
