@@ -158,14 +158,34 @@ class ClientPipeline:
             np.add(ack, delay, out=ack, where=ack != NULL_US)
         else:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
-            planned = planner(prod, eng, ok, sizes, linger, self.round_trip_us, *self.turn_steps(rows),
-                              self.gap_us, p.max_in_flight_requests_per_connection, p.batch_size, *rest)
+            planned, made = planner(prod, eng, ok, sizes, linger, self.round_trip_us, *self.turn_steps(rows),
+                                    self.gap_us, p.max_in_flight_requests_per_connection, p.batch_size, *rest)
+            unsent = ok & (made > np.minimum(self.duration_us, prod + timeout))
             if isinstance(order, slice):
                 ack = planned
             else:
                 ack = rec.ack_us.copy()
                 ack[order] = planned
+                back = np.zeros(len(unsent), dtype=np.bool_)
+                back[order] = unsent
+                unsent = back
+            return self.never_sent(self.settle(rec, ack, timeout), unsent)
         return self.settle(rec, ack, timeout)
+
+    @staticmethod
+    def never_sent(rec: MessageRecords, unsent: np.ndarray) -> MessageRecords:
+        """SPEC §3.7 K-6: a message whose request would be made after the trace's end, or after its delivery
+        timeout ran out, never left the client (the queue is purged at the end, SPEC §4.1; librdkafka drops an
+        expired message from its queue unsent): it was never appended, whatever the engine appended at its
+        produce event."""
+        if not unsent.any():
+            return rec
+        epoch, offset, visible = rec.pos_epoch.copy(), rec.pos_offset.copy(), rec.visible_us.copy()
+        epoch[unsent], offset[unsent], visible[unsent] = -1, -1, NULL_US
+        extra = rec.extra_positions
+        if len(extra):
+            extra = extra[~np.isin(extra[:, 0], rec.msg_id[unsent])]
+        return replace(rec, pos_epoch=epoch, pos_offset=offset, visible_us=visible, extra_positions=extra)
 
     def settle(self, rec: MessageRecords, ack: np.ndarray, timeout: int) -> MessageRecords:
         """An answer after the delivery timeout fails the message (request_timeout) if that timeout runs out within
@@ -227,7 +247,7 @@ def turns_at(t: int, tn_ts, tn) -> int:
 
 
 def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
-                  st_ts, st_mask, st_led) -> np.ndarray:
+                  st_ts, st_mask, st_led) -> tuple[np.ndarray, np.ndarray]:
     """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
     s = max(first waiting message + linger_ms, the partition's turn). It was made when one of the connection's
     `slots` (max_in_flight_requests_per_connection) freed: at the answer `slots` requests earlier on the
@@ -239,7 +259,8 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
     (`turns_at`: P_b follows the leaders). A request read after the engine's instants for all its messages (a
     backlog) and that no fetch of the trace answers is answered beyond the trace (NEVER): `settle` leaves its
     messages pending, or failed where their delivery timeout ran out within the trace. Where the engine's instant is
-    later, it stands (a sparse trace's last fetch)."""
+    later, it stands (a sparse trace's last fetch). Returns the answers and, per message, when its request was
+    made (`ClientPipeline.apply`: one made after the trace or the message's delivery timeout was never sent)."""
     # each follower's fetches, in time order (the events are), one block per replica
     fetches = b_kind == int(Kind.REPLICATE)
     mine = [fetches & (b_who == b) for b in reps]
@@ -248,6 +269,7 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
     f_off = np.concatenate([[0], np.cumsum([int(m.sum()) for m in mine])]).astype(np.int64)
     n = len(prod)
     out = eng.copy()
+    made_at = prod.copy()
     answers: list[int] = []  # the connection's answers, in order: the last `slots` free the slots
     turn = -NEVER
     i = 0
@@ -257,7 +279,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
             continue
         s = max(int(prod[i]), turn)
         del answers[:-slots]
-        made = max(int(prod[i]), answers[0] + gap) if len(answers) == slots else int(prod[i])
+        if len(answers) < slots:
+            made = int(prod[i])
+        else:  # a slot frees at an answer; one no fetch of the trace gives never frees within it
+            made = NEVER if answers[0] == NEVER else max(int(prod[i]), answers[0] + gap)
         j, used, done = i, 0, s
         while j < n and (j == i or int(prod[j]) <= made):
             if ok[j]:
@@ -265,17 +290,18 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
                     break
                 used += int(size[j])
                 done = max(done, int(eng[j]))
+                made_at[j] = made
             j += 1
-        cyc = next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+        cyc = NEVER if made == NEVER else next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
         if cyc != NEVER:
             done = max(done, cyc)
-        elif done == s:  # no fetch of the trace answers it, and the engine answered its messages before it left
-            for k in range(i, j):
+        elif done == s or made == NEVER:  # no fetch of the trace answers it, and the engine answered its messages
+            for k in range(i, j):         # before it left; or it is never made: every slot waits on such a one
                 if ok[k]:
                     out[k] = NEVER
             i = j
             turn = s + gap
-            answers.append(s)  # as far as the slots go, it was read at s
+            answers.append(NEVER)  # its slot never frees within the trace
             continue
         for k in range(i, j):
             if ok[k]:
@@ -290,4 +316,4 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
                     break
                 turn = x + gap
                 answers.append(x)
-    return out
+    return out, made_at

@@ -116,9 +116,10 @@ def plans(draw):
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(plans())
 def test_compiled_planner_matches_the_reference(args):
-    ref = plan_requests(*args)
-    ker = plan_requests_compiled(*args)
+    ref, ref_made = plan_requests(*args)
+    ker, ker_made = plan_requests_compiled(*args)
     assert ker.tolist() == ref.tolist()
+    assert ker_made[args[2]].tolist() == ref_made[args[2]].tolist()  # when each planned message's request was made
 
 
 def test_a_request_carries_what_waited_when_its_slot_freed():
@@ -135,8 +136,8 @@ def test_a_request_carries_what_waited_when_its_slot_freed():
     ones = np.array([0], np.int64), np.array([1], np.int64)
 
     def acks(slots: int, gap: int) -> list[int]:
-        out = plan_requests(prod, prod.copy(), np.ones(n, np.bool_), np.full(n, 100, np.int64), 0, 0, *ones, gap,
-                            slots, 16384, **common)
+        out, _ = plan_requests(prod, prod.copy(), np.ones(n, np.bool_), np.full(n, 100, np.int64), 0, 0, *ones,
+                               gap, slots, 16384, **common)
         assert NEVER not in out.tolist()
         return [int(a) // 1000 for a in out]
 

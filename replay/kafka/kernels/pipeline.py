@@ -18,6 +18,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
                            b_upto, st_ts, st_mask, st_led):
     n = len(prod)
     out = eng.copy()
+    made_at = prod.copy()
     answers = np.zeros(slots, dtype=np.int64)  # the connection's last `slots` answers, a ring
     n_answers = 0
     cur = np.zeros(len(reps), dtype=np.int64)  # per follower: its fetch that answered the last instant asked
@@ -31,8 +32,14 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             i += 1
             continue
         s = max(prod[i], turn)
-        # made when a slot freed: at the answer `slots` requests earlier, the oldest in the ring
-        made = max(prod[i], answers[n_answers % slots] + gap) if n_answers >= slots else prod[i]
+        # made when a slot freed: at the answer `slots` requests earlier, the oldest in the ring; one no fetch of
+        # the trace gives never frees within it
+        if n_answers < slots:
+            made = prod[i]
+        elif answers[n_answers % slots] == _NEVER:
+            made = _NEVER
+        else:
+            made = max(prod[i], answers[n_answers % slots] + gap)
         j = i
         used = 0
         done = s
@@ -42,17 +49,20 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
                     break
                 used += size[j]
                 done = max(done, eng[j])
+                made_at[j] = made
             j += 1
-        cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
+        cyc = _NEVER
+        if made != _NEVER:
+            cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
         if cyc != _NEVER:
             done = max(done, cyc)
-        elif done == s:  # beyond the trace (`plan_requests`)
+        elif done == s or made == _NEVER:  # beyond the trace, or never made (`plan_requests`)
             for k in range(i, j):
                 if ok[k]:
                     out[k] = _NEVER
             i = j
             turn = s + gap
-            answers[n_answers % slots] = s
+            answers[n_answers % slots] = _NEVER
             n_answers += 1
             continue
         for k in range(i, j):
@@ -72,7 +82,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
                 turn = x + gap
                 answers[n_answers % slots] = x
                 n_answers += 1
-    return out
+    return out, made_at
 
 
 @compiled(inline=True)
