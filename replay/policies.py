@@ -252,6 +252,13 @@ class KafkaPolicy(Policy):
     def effective_min_isr(self) -> int:
         return min(self.min_insync_replicas, self.replication_factor)
 
+    @property
+    def fatal_after_unclean_election(self) -> bool:
+        """SPEC §3.7 K-8: the producer is idempotent (acks=all) and librdkafka's (partitions_per_request set), which
+        fails fatally on the sequence gap an unclean election leaves; the Java producer bumps its epoch and
+        retries, and no unclean election happens without unclean_leader_election."""
+        return self.acks is Acks.ALL and self.unclean_leader_election and self.partitions_per_request is not None
+
 
 @dataclass(frozen=True)
 class RocketMQPolicy(Policy):
