@@ -235,8 +235,8 @@ class KafkaPolicy(Policy):
         source="`max.in.flight.requests.per.connection` (ProducerConfig; at most 5 with idempotence)")
     partitions_per_request: int | None = param(
         None, "partitions of one broker a produce request carries: null = all of them (the Java producer), 1 = "
-        "librdkafka (confluent-kafka, the Go, .NET and C clients); a client property, not a Kafka config "
-        "(SPEC §3.7 K-6)", minimum=1, nullable=True,
+        "librdkafka (confluent-kafka, the Go, .NET and C clients), whose idempotent producer fails fatally after an "
+        "unclean election; a client property, not a Kafka config (SPEC §3.7 K-6, K-8)", minimum=1, nullable=True,
         source="Java `Sender.sendProduceRequests` (one request per broker); librdkafka "
         "`rd_kafka_broker_produce_toppar` (one partition per ProduceRequest, librdkafka issue #1700)")
     assignment: Assignment = param(Assignment.SEED, "`seed`: replica j of partition i on broker (i + j) mod N; "
@@ -251,6 +251,13 @@ class KafkaPolicy(Policy):
     @property
     def effective_min_isr(self) -> int:
         return min(self.min_insync_replicas, self.replication_factor)
+
+    @property
+    def fatal_after_unclean_election(self) -> bool:
+        """SPEC §3.7 K-8: the producer is idempotent (acks=all) and librdkafka's (partitions_per_request set), which
+        fails fatally on the sequence gap an unclean election leaves; the Java producer bumps its epoch and
+        retries, and no unclean election happens without unclean_leader_election."""
+        return self.acks is Acks.ALL and self.unclean_leader_election and self.partitions_per_request is not None
 
 
 @dataclass(frozen=True)

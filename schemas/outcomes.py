@@ -43,6 +43,7 @@ class Error(IntEnum):
     FLUSH_DISK_TIMEOUT = 7
     IN_SYNC_REPLICAS_NOT_ENOUGH = 8
     NO_ROUTE = 9
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 10  # the idempotent producer's fatal error (SPEC §3.7 K-8)
 
     @property
     def label(self) -> str | None:

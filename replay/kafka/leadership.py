@@ -1,11 +1,14 @@
-"""Who leads each partition over a trace, for P_b of SPEC §3.7 K-6 (`replay.kafka.pipeline.Leadership`).
+"""Who leads each partition over a trace, for P_b of SPEC §3.7 K-6, and when an unclean election happens, for
+SPEC §3.7 K-8 (`replay.kafka.pipeline.Leadership`).
 
 A partition's engines see only its own events, but the pipeline of SPEC §3.7 K-6 needs how many partitions its
-leader leads at each instant. The trace's faults decide that: each partition is replayed by the reference
-interpreter (rules 2, 6, 8-11, K-3, K-4: the elections the engines make) on the trace's fault events alone, once
-per replica order (partitions with the same replicas in the same order have the same leaders), and the
-leaders of its state rows are kept. Left out with the writes and follower fetches: a follower's fall behind
-(rule 6) and its return to the ISR after a restart (rule 7), which only change who leads at a later election.
+leader leads at each instant, and K-8 when any partition of the topic elects uncleanly. The trace's faults decide
+both: each partition is replayed by the reference interpreter (rules 2, 6, 8-11, K-3, K-4: the elections the
+engines make) on the trace's fault events alone, once per replica order (partitions with the same replicas in the
+same order have the same leaders), and the leaders of its state rows are kept, with the instants of its unclean
+elections (rule 8). Left out with the writes and follower fetches: a follower's fall behind (rule 6) and its
+return to the ISR after a restart (rule 7), which only change who leads at a later election, and which
+elections are unclean.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def leadership(policy: KafkaPolicy, replicas: Mapping[int, Sequence[int]], contr
                duration_us: int) -> Leadership:
     """Every partition's leaders over the trace (module docstring); `control`: the trace's fault events (no
     produce, no `replicate`), `replicas`: each partition's replicas in assignment order."""
-    from replay.kafka.reference.interpreter import replay_partition
+    from replay.kafka.reference.interpreter import KafkaReference
 
     faults = PartitionEvents(control.produce_ts[:0], control.produce_msg[:0], control.produce_size[:0],
                              control.broker_ts, control.broker_kind, control.broker_id, control.broker_upto)
@@ -34,13 +37,16 @@ def leadership(policy: KafkaPolicy, replicas: Mapping[int, Sequence[int]], contr
     last = int(control.broker_ts.max()) if len(control.broker_ts) else 0
     horizon = min(duration_us, last + 2 * policy.session_timeout_ms * MS)
     by_order: dict[tuple[int, ...], list[tuple[int, int | None]]] = {}
+    unclean: set[int] = set()
     for reps in replicas.values():
         order = tuple(reps)
         if order not in by_order:
-            rows = replay_partition(policy, 0, order, faults, horizon).states
+            ref = KafkaReference(policy, 0, order, horizon)
+            rows = ref.run(faults).states
             changes = [(r.ts_us, r.leader) for r in rows]
             by_order[order] = [c for i, c in enumerate(changes) if i == 0 or c[1] != changes[i - 1][1]]
-    return Leadership.of([by_order[tuple(replicas[p])] for p in sorted(replicas)])
+            unclean.update(ref.unclean_us)
+    return Leadership.of([by_order[tuple(replicas[p])] for p in sorted(replicas)], sorted(unclean))
 
 
 @lru_cache(maxsize=64)

@@ -1,4 +1,4 @@
-"""The producer's side of an acknowledgement (SPEC §3.7 K-6, K-7), shared by both `kafka` engines.
+"""The producer's side of an acknowledgement (SPEC §3.7 K-6, K-7, K-8), shared by both `kafka` engines.
 
 The engines decide each message's fate and the instant the leader could answer it as if the client sent every
 message the moment it was produced. This module turns that instant into the one the application sees:
@@ -17,6 +17,10 @@ message the moment it was produced. This module turns that instant into the one 
   A request is made, and its content fixed, when one of the connection's max_in_flight_requests_per_connection
   slots frees, some answers before the broker reads it (librdkafka `rd_kafka_toppar_producer_serve`, Java
   `InFlightRequests.canSendMore`).
+
+- K-8 (acks=all with librdkafka): after an unclean election of any partition of the topic the idempotent
+  producer's next answer from that partition's new leader is a fatal OUT_OF_ORDER_SEQUENCE_NUMBER, and every
+  message it still holds fails then (`ClientPipeline.fatal`, at the instants of `Leadership.unclean_us`).
 
 The pass is the same for both engines: the reference interpreter runs `plan_requests` (readable Python), the
 kernel its compiled twin (`replay/kafka/kernels/pipeline.py`); the differential tests hold them equal.
@@ -49,10 +53,13 @@ class Leadership:
 
     ts: np.ndarray  # int64, ascending
     leader: np.ndarray  # int64, shape (len(ts), partitions)
+    #: The instants of the topic's unclean elections (any partition), ascending: SPEC §3.7 K-8.
+    unclean_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @classmethod
-    def of(cls, changes: Sequence[Sequence[tuple[int, int | None]]]) -> Leadership:
-        """From each partition's leader changes, (instant, leader or None) in time order, the first at 0."""
+    def of(cls, changes: Sequence[Sequence[tuple[int, int | None]]], unclean_us: Sequence[int] = ()) -> Leadership:
+        """From each partition's leader changes, (instant, leader or None) in time order, the first at 0, and the
+        instants of the topic's unclean elections."""
         ts = np.unique(np.array([0, *(t for part in changes for t, _ in part)], dtype=np.int64))
         leader = np.full((len(ts), len(changes)), -1, dtype=np.int64)
         for p, part in enumerate(changes):
@@ -60,7 +67,7 @@ class Leadership:
             who = np.array([-1 if b is None else b for _, b in part], dtype=np.int64)
             k = np.searchsorted(at, ts, side="right") - 1  # the change in force at each instant
             leader[:, p] = np.where(k >= 0, who[np.maximum(k, 0)], -1)
-        return cls(ts, leader)
+        return cls(ts, leader, np.unique(np.array(unclean_us, dtype=np.int64)))
 
 
 @dataclass
@@ -98,6 +105,14 @@ class ClientPipeline:
         turns = np.where(b >= 0, -(-p_b // per), 1).astype(np.int64)
         keep = np.concatenate([[True], turns[1:] != turns[:-1]])  # the steps only
         return ts[keep], turns[keep]
+
+    def fatal_us(self) -> np.ndarray:
+        """The instants the producer fails fatally (SPEC §3.7 K-8), ascending, within the trace: each unclean
+        election of the topic plus client_failover_ms and the round trip, when the new leader first answers."""
+        if self.leadership is None or not self.policy.fatal_after_unclean_election:
+            return np.zeros(0, np.int64)
+        at = np.unique(self.leadership.unclean_us + self.policy.client_failover_ms * MS + self.round_trip_us)
+        return at[at <= self.duration_us]
 
     @property
     def gap_us(self) -> int:
@@ -190,16 +205,39 @@ class ClientPipeline:
     def settle(self, rec: MessageRecords, ack: np.ndarray, timeout: int) -> MessageRecords:
         """An answer after the delivery timeout fails the message (request_timeout) if that timeout runs out within
         the trace; any other answer after the trace's end (NEVER included: no fetch of the trace answers it) leaves
-        it pending (SPEC §4.1)."""
+        it pending (SPEC §4.1). Then SPEC §3.7 K-8: at each of `fatal_us`, every message the producer of that
+        instant still holds fails with out_of_order_sequence_number (`fatal`)."""
         beyond = np.flatnonzero((ack > self.duration_us) | (ack - rec.produce_us > timeout))  # NULL_US is neither
         if not len(beyond):
-            return replace(rec, ack_us=ack)
+            return self.fatal(replace(rec, ack_us=ack), timeout)
         status, error = rec.status.copy(), rec.error.copy()
         produce = rec.produce_us[beyond]
         late = (ack[beyond] - produce > timeout) & (produce + timeout <= self.duration_us)
         status[beyond] = np.where(late, int(Status.FAILED), int(Status.PENDING))
         error[beyond[late]] = int(Error.REQUEST_TIMEOUT)
         ack[beyond] = NULL_US
+        return self.fatal(replace(rec, status=status, error=error, ack_us=ack), timeout)
+
+    def fatal(self, rec: MessageRecords, timeout: int) -> MessageRecords:
+        """SPEC §3.7 K-8. A message belongs to the producer that is live when it is produced, which fails at the first
+        of `fatal_us` after that instant; if the message is not answered by then (acknowledged later, pending at
+        the end, or failed later: every failure comes at the delivery deadline) it fails then with
+        out_of_order_sequence_number. Its fate is the engine's."""
+        at = self.fatal_us()
+        if not len(at) or not len(rec.msg_id):
+            return rec
+        k = np.searchsorted(at, rec.produce_us, side="right")
+        f = at[np.minimum(k, len(at) - 1)]
+        held = (k < len(at)) & (
+            ((rec.status == int(Status.ACKED)) & (rec.ack_us > f))
+            | (rec.status == int(Status.PENDING))
+            | ((rec.status == int(Status.FAILED)) & (rec.produce_us + timeout > f)))
+        if not held.any():
+            return rec
+        status, error, ack = rec.status.copy(), rec.error.copy(), rec.ack_us.copy()
+        status[held] = int(Status.FAILED)
+        error[held] = int(Error.OUT_OF_ORDER_SEQUENCE_NUMBER)
+        ack[held] = NULL_US
         return replace(rec, status=status, error=error, ack_us=ack)
 
 

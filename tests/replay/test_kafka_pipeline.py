@@ -14,7 +14,8 @@ from replay.kafka.leadership import leadership
 from replay.kafka.pipeline import NEVER, ClientPipeline, Leadership, plan_requests
 from replay.kafka.routing import kafka_assignment
 from replay.policies import parse_policy
-from replay.results import StateRow
+from replay.results import MessageRecords, StateRow
+from schemas.outcomes import NULL_US, Error, Status
 from schemas.trace import Kind
 
 S = 1_000_000
@@ -69,6 +70,56 @@ def test_turns_count_the_partitions_the_own_leader_leads_at_each_instant():
     assert list(zip(ts.tolist(), turns.tolist(), strict=True)) == [(0, 1), (14 * S, 2), (30 * S, 1)]
     java = ClientPipeline(parse_policy("kafka:partitions=6,acks=all"), 0, (0, 1, 2), 60 * S, lead)
     assert java.turn_steps(rows)[1].tolist() == [1]
+
+
+def test_unclean_elections_of_the_fault_events_are_recorded_for_the_topic():
+    """SPEC §3.7 K-8's instants (k24-unclean-election-fatal-producer's faults): 3 partitions, replicas [0, 1], [1, 2],
+    [2, 0]. Broker 1 crashes at 5 s (fenced at 14 s), broker 0 at 20 s (fenced at 29 s: partition 0 offline). Broker
+    1's restart at 40 s elects it uncleanly for partition 0 (rule 8), the topic's only unclean election; without
+    unclean election partition 0 stays offline and there is none."""
+    faults = _faults((5 * S, Kind.CRASH, 1), (20 * S, Kind.CRASH, 0), (40 * S, Kind.RESTART, 1))
+    for unclean, expected in (("true", [40 * S]), ("false", [])):
+        policy = parse_policy(f"kafka:partitions=3,replication_factor=2,acks=all,partitions_per_request=1,"
+                              f"unclean_leader_election={unclean}")
+        replicas = dict(enumerate(kafka_assignment(3, 2, (0, 1, 2), policy.assignment)))
+        lead = leadership(policy, replicas, faults, 60 * S)
+        assert lead.unclean_us.tolist() == expected
+        assert lead.leader[-1].tolist() == [1 if unclean == "true" else -1, 2, 2]
+
+
+def _records(produce, status, ack) -> MessageRecords:
+    n = len(produce)
+    status = np.array([int(s) for s in status], np.int8)
+    error = np.where(status == int(Status.FAILED), int(Error.NO_LEADER), int(Error.NONE)).astype(np.int8)
+    none = np.full(n, NULL_US, np.int64)
+    return MessageRecords(np.arange(1, n + 1, dtype=np.int64), np.array(produce, np.int64), status, error,
+                          np.array(ack, np.int64), none, none, none)
+
+
+def test_a_fatal_producer_fails_what_it_still_holds():
+    """SPEC §3.7 K-8: unclean elections at 10 s and 30 s, client_failover_ms 100 ms, round trip 1 ms: the producer
+    fails at 10.101 s and its successor at 30.101 s. Delivery timeout 5 s. Failed there with
+    out_of_order_sequence_number: m2 (answered at 10.2 s), m3 (pending at the end), m5 (failed at its deadline,
+    13 s), m8 (the second producer's, answered at 30.5 s). Kept: m1 (answered at 10.101 s, by the fatal instant),
+    m4 (failed at 9 s, before it), m6 (produced at 10.101 s: the new producer's, answered at 11 s), m7, m9
+    (produced after the last fatal instant). The Java producer (partitions_per_request null) keeps them all."""
+    A, F, P = Status.ACKED, Status.FAILED, Status.PENDING
+    rec = _records([1 * S, 2 * S, 3 * S, 4 * S, 8 * S, 10_101_000, 20 * S, 29 * S, 31 * S],
+                   [A, A, P, F, F, A, A, A, A],
+                   [10_101_000, 10_200_000, NULL_US, NULL_US, NULL_US, 11 * S, 21 * S, 30_500_000, 32 * S])
+    lead = Leadership.of([[(0, 0)]], [30 * S, 10 * S, 30 * S])
+    timeout = 5 * S
+    for per, failed in (("1", [2, 3, 5, 8]), (None, [])):
+        policy = parse_policy("kafka:partitions=1,acks=all,unclean_leader_election=true,delivery_timeout_ms=5000"
+                              + ("" if per is None else f",partitions_per_request={per}"))
+        client = ClientPipeline(policy, 0, (0, 1, 2), 60 * S, lead, round_trip_us=1000)
+        out = client.fatal(rec, timeout)
+        fatal = rec.msg_id[out.error == int(Error.OUT_OF_ORDER_SEQUENCE_NUMBER)].tolist()
+        assert fatal == failed
+        assert (out.status[np.array(failed, int) - 1] == int(Status.FAILED)).all()
+        assert (out.ack_us[np.array(failed, int) - 1] == NULL_US).all()
+        kept = np.setdiff1d(rec.msg_id, failed) - 1
+        assert np.array_equal(out.status[kept], rec.status[kept]) and np.array_equal(out.ack_us[kept], rec.ack_us[kept])
 
 
 @st.composite

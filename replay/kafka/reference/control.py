@@ -166,6 +166,8 @@ class KafkaReferenceControl:
             if up:
                 chosen, new_isr = up[0], [up[0]]
                 self.elr = []
+                if not self.virtual:
+                    self.unclean_us.append(t)  # SPEC §3.7 K-8, through `replay.kafka.leadership`
         old = self.leader
         if old is not None and self.rep[old].can_be_zombie and old == self.target and self.zombie is None \
                 and not self.unaware:  # a leader that never knew it led answers no client as leader

@@ -36,6 +36,9 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
 - K-4 last known leader with ELR (KIP-966, `PartitionChangeBuilder`): `_elect`.
 - K-6 the client's per-connection pipeline and K-7 the acks=0/1 acknowledgement (`SocketServer`, `DelayedProduce`,
   the producer's `linger.ms`): `replay.kafka.pipeline.plan_requests`, applied to the records in `_finish`.
+- K-8 the idempotent producer's fatal error after an unclean election (librdkafka `rd_kafka_idemp_set_fatal_error`):
+  `ClientPipeline.settle`, at the instants `_elect` records in `unclean_us` in the fault-only replay of
+  `replay.kafka.leadership`.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class KafkaReference(KafkaReferenceControl, KafkaReferenceClients, KafkaReferenc
         self.unaware = False  # the leader was elected while isolated and has not learned it yet (SPEC §3.7 K-3)
         self.last_leader = replicas[0]  # the last broker elected (SPEC §3.7 K-4)
         self.zombie: Zombie | None = None
+        self.unclean_us: list[int] = []  # the instants of its unclean elections (SPEC §3.2 rule 8, §3.7 K-8)
         self.down_published: tuple[int, int] | None = None  # (leo, hw) last published by a leader now down
         self.msgs: dict[int, Msg] = {}
         self.unacked: set[int] = set()  # messages in state APPENDED
