@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.trace import Manifest
 from testbed.compare import Case
+from testbed.observe import Recording
 
 #: The whole recording of a run, beside its trace (`recompare_testbed`).
 RECORDING = "recording.pkl"
@@ -83,7 +85,7 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
     return TestbedResult(out, trace, cases, rec, wall)
 
 
-def trace_from_recording(rec, trace: Path):
+def trace_from_recording(rec: Recording, trace: Path) -> Manifest:
     """DIR/trace/ (SPEC §2) from a recording, by the family's recorder: RocketMQ's replication progress comes
     from its ledger ends or slave offsets, Kafka's from the followers' sampled log ends."""
     from testbed.rocketmq import record as rmq
@@ -104,9 +106,9 @@ def recorded_wall_s(out: Path) -> float:
 def recompare_testbed(spark_factory, policies: list, labels: list[str], out: str | Path, *,
                       lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
                       spark_replay: bool = False, publish: bool = True, progress=print) -> TestbedResult:
-    """A recorded run judged again by the current model, without a cluster: DIR/recording.pkl and DIR/trace/
-    as `run_testbed` left them; comparison.json, outcomes/ and (with `publish`) the testbed's tables and MLflow
-    runs are rewritten. The policies must be the run's own (the recording holds one producer per policy)."""
+    """A recorded run judged again by the current model, without a cluster: DIR/recording.pkl as `run_testbed`
+    left it; the trace, comparison.json, outcomes/ and (with `publish`) the testbed's tables and MLflow runs are
+    rewritten. The policies must be the run's own (the recording holds one producer per policy)."""
     t_start = time.monotonic()
     out = Path(out)
     if not (out / RECORDING).is_file():
