@@ -108,9 +108,8 @@ class RocketMQRecording(Recording):
     elections: list[dict[str, Any]] = field(default_factory=list)
     master_slave: bool = False  # classic master/slave or controller mode: progress from the HA state
     controller: bool = False
-    #: master/slave: each slave's acknowledged commit log offset (end_index holds the offset), module docstring
-    acked: list[LedgerEnd] = field(default_factory=list)
-    ha: list[dict[str, Any]] = field(default_factory=list)  # the harness's raw HA lines
+    #: master/slave: the harness's raw HA lines, from which `slave_acks` derives each slave's acknowledged offset
+    ha: list[dict[str, Any]] = field(default_factory=list)
     broker_of_ip: dict[str, int] = field(default_factory=dict)  # the HA lines name brokers by IP: trace broker
     #: the harness's warm-up: sends answered in time, failed or slow, its length, and whether the cluster settled
     warm: dict[str, Any] | None = None
@@ -505,7 +504,6 @@ def _parse_client(cluster: RocketMQCluster, rec: RocketMQRecording, out: Path, n
             rec.ha.append({**d, "t": d["t"] - t0})
     if rec.master_slave:
         rec.broker_of_ip = {cluster.address(broker_name(n)): trace_of.get(n, n) for n in cluster.brokers}
-        rec.acked = slave_acks(rec)
     rec.elections = elections(rec)
     for tr in rec.transitions:  # a restarted broker is back when the NameServer lists it again (registered)
         tr.listed_us = next((r["t"] for r in rec.ns_routes if r["t"] >= tr.signal_us
@@ -737,7 +735,7 @@ def _master_at(rec: RocketMQRecording, group: str, ts_us: int) -> int | None:
 
 def fill_samples(rec: RocketMQRecording, policies: int) -> None:
     """`Sample`s for the shared failover measure (`testbed.compare.failover_ms`): which queues each broker led."""
-    for s in [*rec.ledger, *rec.acked]:
+    for s in [*rec.ledger, *(slave_acks(rec) if rec.master_slave else [])]:
         leads = set()
         for gi, g in enumerate(rec.groups):
             if _master_at(rec, g.name, s.ts_us) == s.broker:
