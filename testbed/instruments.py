@@ -205,6 +205,12 @@ def _read(path: str) -> str | None:
         return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    raw = _read(f"/proc/{pid}/stat")
+    return _ticks(raw)[1] / os.sysconf("SC_CLK_TCK") if raw else 0.0
+
+
 def thread_ids() -> set[int]:
     return {int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")}
 

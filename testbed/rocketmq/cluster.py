@@ -16,17 +16,26 @@ cluster is a context manager) before the network goes away.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from testbed.cluster import JVM_FLAGS, MARKER, NodeProcesses, broker_name, stop_group
+from testbed.instruments import cpu_seconds
 from testbed.netns import Network
 from testbed.rocketmq.jars import RocketMQJars
 
 NAMESRV = "namesrv"
+#: What a broker prints on stdout once it serves (`BrokerStartup.start`).
+BOOT_LINE = "boot success"
+#: A restarting broker's CPU priority until it has booted (`RocketMQCluster.restart`): the lowest.
+BOOT_NICENESS = 19
 NAMESRV_PORT = 9876
 BROKER_PORT = 10911
 DLEDGER_PORT = 40911
@@ -89,6 +98,7 @@ class RocketMQCluster(NodeProcesses):
     #: every process group this run started, dead or alive (the teardown and the tests check them all)
     started_pgids: list[int] = field(default_factory=list)
     node_of_pgid: dict[int, str] = field(default_factory=dict)
+    _trace_over: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     SYSTEM: ClassVar[str] = "RocketMQ"
     NODE_LOG: ClassVar[str] = "stdout.log"  # startup failures are printed there, before logging starts
 
@@ -188,13 +198,14 @@ class RocketMQCluster(NodeProcesses):
         return ms is not None and not ms.controller and self.group_of(broker).members[0] == broker
 
     # ------------------------------------------------------------------------------------------ processes
-    def _start(self, name: str) -> None:
+    def _start(self, name: str, niceness: int = 0) -> None:
         assert self.network is not None
         node_dir = self.workdir / name
         conf = self._config(name)
         main = ("org.apache.rocketmq.namesrv.NamesrvStartup" if name == NAMESRV
                 else "org.apache.rocketmq.broker.BrokerStartup")
-        cmd = [*self.network.exec_prefix(name), self.java, *JVM_FLAGS, "-XX:MaxDirectMemorySize=256m",
+        niced = ["nice", "-n", str(niceness)] if niceness else []
+        cmd = [*niced, *self.network.exec_prefix(name), self.java, *JVM_FLAGS, "-XX:MaxDirectMemorySize=256m",
                f"{MARKER}{self.tag}", f"-Duser.home={node_dir / 'home'}", f"-Drocketmq.home.dir={node_dir}",
                f"-Drmq.logback.configurationFile={self.workdir / 'logback.xml'}",
                f"-Dreplab.testbed.log={node_dir / 'server.log'}", "-cp", self.jars.classpath, main, "-c", str(conf)]
@@ -206,8 +217,45 @@ class RocketMQCluster(NodeProcesses):
         self._kill(broker_name(broker), signal.SIGTERM)
 
     def restart(self, broker: int) -> None:
+        """Start the broker again on its store (after the trace, to read every queue back: normal priority)."""
         self._start(broker_name(broker))
 
+    def restart_low_priority(self, broker: int) -> None:
+        """A restart during the trace: the broker boots at the lowest CPU priority until it prints its boot line,
+        or the trace ends (`restore_priorities`).
+
+        A broker's boot (class loading, JIT compilation, the commit log's recovery after a crash) takes many
+        CPU-seconds (written to `<node>/priority.log`); on two cores shared by every broker it starved the seed
+        layout's leader (its appends took twice as long and the client's 3 s send timeout expired), which a broker
+        restarting on its own host never does."""
+        name = broker_name(broker)
+        booted = self._boot_lines(name)
+        self._start(name, niceness=BOOT_NICENESS)
+        threading.Thread(target=self._restore_priority, args=(name, self.procs[name], booted), daemon=True,
+                         name=f"renice-{name}").start()
+
+    def restore_priorities(self) -> None:
+        """The trace is over: every broker still booting at low priority gets the normal one now."""
+        self._trace_over.set()
+
+    def _boot_lines(self, name: str) -> int:
+        log = self.workdir / name / self.NODE_LOG
+        return log.read_text(errors="replace").count(BOOT_LINE) if log.exists() else 0
+
+    def _restore_priority(self, name: str, proc: subprocess.Popen, booted: int) -> None:
+        """Every thread of the JVM back to niceness 0 once its stdout has one more boot line than before the
+        restart, the trace is over or the JVM exited: `nice` and `ip netns exec` exec the JVM, so the process's
+        pid is the JVM's; niceness is per thread on Linux."""
+        while proc.poll() is None and not self._trace_over.is_set() and self._boot_lines(name) <= booted:
+            time.sleep(0.1)
+        cpu_s = cpu_seconds(proc.pid)
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.setpriority(os.PRIO_PROCESS, int(task.name), 0)
+        state = "booted" if self._boot_lines(name) > booted else "exited" if proc.poll() is not None else "trace over"
+        with open(self.workdir / name / "priority.log", "a") as log:
+            log.write(f"{time.time():.3f} {state} after {cpu_s:.1f} CPU-s at niceness {BOOT_NICENESS}; "
+                      f"niceness 0 from now\n")
 
     # ------------------------------------------------------------------------------------------ the harness
     def harness(self, mode: str, *args: str, out: Path, stdin=None) -> subprocess.Popen:
@@ -238,3 +286,4 @@ class RocketMQCluster(NodeProcesses):
             rc = -9
         self.procs = {k: p for k, p in self.procs.items() if p is not proc}
         return rc
+

@@ -424,6 +424,7 @@ def _drive(cluster: RocketMQCluster, rec: RocketMQRecording, producer, node_of: 
             log.warning("the client harness did not end cleanly (see %s)", cluster.workdir)
     finally:
         stop.set()
+        cluster.restore_priorities()
         if sampler.is_alive():
             sampler.join(timeout=5)
     rec.wall_s["trace"] = time.monotonic() - start
@@ -443,7 +444,7 @@ class ByTraceId:
         self.cluster.shutdown(self.node_of[b])
 
     def restart(self, b: int) -> None:
-        self.cluster.restart(self.node_of[b])
+        self.cluster.restart_low_priority(self.node_of[b])
 
     def isolate(self, b: int) -> None:
         self.cluster.isolate(self.node_of[b])

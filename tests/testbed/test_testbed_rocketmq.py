@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -113,6 +114,20 @@ def test_every_process_and_namespace_is_gone(leader_crash):
             os.killpg(pgid, 0)
     assert marked_java_pids(rec.tag) == []
     assert leftover_namespaces(rec.tag) == []
+
+
+def test_the_restarted_broker_booted_at_the_lowest_priority_and_got_the_normal_one_back(leader_crash):
+    """One restart during the trace (the killed leader, at 35 s): started under `nice -n 19`, every thread back to
+    niceness 0 once its boot line was printed, or when the trace ended (`RocketMQCluster.restart_low_priority`)."""
+    from testbed.rocketmq.cluster import BOOT_NICENESS
+
+    logs = sorted((leader_crash.out / "cluster").glob("broker-*/priority.log"))
+    assert len(logs) == 1
+    (line,) = logs[0].read_text().splitlines()
+    m = re.fullmatch(rf"[\d.]+ (booted|trace over) after ([\d.]+) CPU-s at niceness {BOOT_NICENESS}; "
+                     r"niceness 0 from now", line)
+    assert m is not None, line
+    assert float(m[2]) > 1.0  # a JVM at work, not a process that died at once
 
 
 def test_policies_lay_out_the_groups_and_refuse_mixed_runs():
