@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Kafka, dledger, rocketmq or rocketmq-controller policy; repeat for several of one kind "
                    "and one cluster layout (one topic and producer each)")
     t.add_argument("--out", required=True, metavar="DIR", help="DIR/trace/ and DIR/comparison.json")
+    t.add_argument("--client-debug", default=None, metavar="CONTEXTS",
+                   help="Kafka: librdkafka debug contexts of the producers (e.g. eos,msg,broker), logged to "
+                   "DIR/cluster/librdkafka-<topic>.log: what the real client did, request by request")
     _testbed_outputs(t, "DIR/trace/ and DIR/comparison.json")
     t = tsub.add_parser("recompare", help="judge a recorded run again with the current model (no cluster)",
                         description="judge a recorded run again with the current model, without a cluster: "

@@ -55,7 +55,8 @@ def cli(args: argparse.Namespace) -> int:
     if args.testbed_command == "recompare":
         result = recompare_testbed(spark_factory, args.policies, list(args.policy), args.out, **common)
     else:
-        result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out, **common)
+        result = run_testbed(spark_factory, args.scenario, args.policies, list(args.policy), args.out,
+                             client_debug=args.client_debug, **common)
     print_cases(result.cases, console)
     console.print(f"trace: {result.trace}   comparison: {result.out / 'comparison.json'}   "
                   f"wall: {result.wall_s['total_s']:.0f} s")

@@ -4,7 +4,9 @@ idempotence), the warm-up before the clock starts, and the verifying consumer th
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,21 @@ def producer_config(policy: KafkaPolicy, bootstrap: str, stats_cb=None) -> dict[
         "log_level": 0,
         **stats,
     }
+
+
+def debug_logging(contexts: str, path: Path) -> dict[str, Any]:
+    """Producer settings that log librdkafka's `debug` contexts (e.g. "eos,msg,broker") to `path`, one line per
+    event with its Unix time: what the client did request by request (which partition a freed slot went to, a
+    partition's drain after its leader changed), which its statistics only sum up. The lines reach the file when
+    the producer is polled, as every testbed producer is."""
+    logger = logging.getLogger(f"replab.testbed.librdkafka.{path}")
+    logger.handlers.clear()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(created).6f %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    return {"debug": contexts, "log_level": 7, "logger": logger}
 
 
 def partitions_of(policy: KafkaPolicy, table: pa.Table) -> np.ndarray:

@@ -41,16 +41,23 @@ class TestbedResult:
 
 def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str], out: str | Path, *,
                 lakehouse: str | Path = "lakehouse", tracking_uri: str | None = None, mlflow: bool = True,
-                spark_replay: bool = False, publish: bool = True, progress=print) -> TestbedResult:
+                spark_replay: bool = False, publish: bool = True, client_debug: str | None = None,
+                progress=print) -> TestbedResult:
     """The whole `replab testbed run`.
 
     The prediction runs the replay kernels through `replay/local.py` (seconds), or with `spark_replay` the whole
     `replab replay` path (trace gate, Spark, output gate, the replay's own Delta tables; minutes on a busy
     2-core machine). `publish`: write the testbed's Delta tables and MLflow runs (through the lakehouse and
-    tracking code); without it no Spark starts at all (the fast test).
+    tracking code); without it no Spark starts at all (the fast test). `client_debug`: librdkafka debug contexts
+    of the Kafka producers, logged beside the brokers' logs.
     """
     from testbed.schedule import schedule_from_scenario
 
+    if client_debug and rocketmq(policies):
+        from schemas.errors import BadInput
+
+        raise BadInput("--client-debug: librdkafka's debug contexts are for the Kafka testbed's producers",
+                       rule="testbed-policy")
     t_start = time.monotonic()
     out = Path(out)
     schedule = schedule_from_scenario(scenario)
@@ -67,7 +74,8 @@ def run_testbed(spark_factory, scenario: str, policies: list, labels: list[str],
         from testbed.record import run_cluster
 
         with terminate_as_interrupt():
-            rec = run_cluster(schedule, policies, out / "cluster", tag, progress=progress)
+            rec = run_cluster(schedule, policies, out / "cluster", tag, client_debug=client_debug,
+                              progress=progress)
     manifest = trace_from_recording(rec, trace)
     for node in [*(out / "cluster").glob("*/data"), *(out / "cluster").glob("*/store")]:
         shutil.rmtree(node, ignore_errors=True)  # the logs stay for a post-mortem, the data does not

@@ -25,7 +25,16 @@ from pathlib import Path
 from replay.policies import KafkaPolicy
 from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
-from testbed.clients import ResilientProducer, idempotent, partitions_of, payload, producer_config, read_back, warm_up
+from testbed.clients import (
+    ResilientProducer,
+    debug_logging,
+    idempotent,
+    partitions_of,
+    payload,
+    producer_config,
+    read_back,
+    warm_up,
+)
 from testbed.cluster import KafkaCluster, broker_name
 from testbed.instruments import CpuMeter, parse_client_stats, resigned_at, thread_ids
 from testbed.observe import (
@@ -45,8 +54,10 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy], *, progress=print) -> Recording:
-    """Create the topics, drive the producers and the faults, heal, read everything back."""
+def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy], *, client_debug: str | None = None,
+           progress=print) -> Recording:
+    """Create the topics, drive the producers and the faults, heal, read everything back; with `client_debug`, each
+    producer's librdkafka debug log in the cluster's folder (`testbed.clients.debug_logging`)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -85,8 +96,10 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     producers = []
     for i, p in enumerate(policies):
         before = thread_ids()
-        producers.append(ResilientProducer(Producer, producer_config(p, cluster.bootstrap,
-                                                                     functools.partial(on_stats, i))))
+        config = producer_config(p, cluster.bootstrap, functools.partial(on_stats, i))
+        if client_debug:
+            config |= debug_logging(client_debug, cluster.workdir / f"librdkafka-{topic_of(i)}.log")
+        producers.append(ResilientProducer(Producer, config))
         # connect and fetch metadata before the clock starts; then its broker threads exist and get its name in
         # the CPU shares
         producers[-1].list_topics(timeout=10)
@@ -251,7 +264,7 @@ def _wait_settled(admin, policies: list[KafkaPolicy], timeout_s: float) -> None:
 
 
 def run_cluster(schedule: Schedule, policies: list[KafkaPolicy], workdir: Path, tag: str, *,
-                progress=print) -> Recording:
+                client_debug: str | None = None, progress=print) -> Recording:
     from testbed.jars import ensure_jars
 
     settings = broker_settings(policies, schedule.fetch_ms)
@@ -266,7 +279,7 @@ def run_cluster(schedule: Schedule, policies: list[KafkaPolicy], workdir: Path, 
         started = time.monotonic() - t
         progress(f"Kafka {jars.version}: controller + {len(schedule.brokers)} brokers ready in {started:.1f} s "
                  f"({', '.join(cluster.address(broker_name(b)) for b in cluster.brokers)})")
-        rec = record(cluster, schedule, policies, progress=progress)
+        rec = record(cluster, schedule, policies, client_debug=client_debug, progress=progress)
         rec.wall_s["cluster_start"] = started
         rec.pgids = list(cluster.started_pgids)
         rec.tag = tag
