@@ -147,11 +147,15 @@ def plans(draw):
     b_who = np.array(who, np.int64)[order]
     b_upto = np.array(upto, np.int64)[order]
     b_kind = np.full(len(b_ts), int(Kind.REPLICATE), np.int8)
-    st_ts, st_mask, st_led = [0], [0b110], [True]
-    if draw(st.booleans()):  # an ISR change, or a spell without a leader
-        st_ts.append(draw(st.integers(1, end)))
+    st_ts, st_mask, st_lead, st_live, st_from = [0], [0b110], [0], [True], [100_000]
+    for t in sorted(set(draw(st.lists(st.integers(1, end), max_size=3)))):
+        # an ISR change, a leader that goes down, no leader, or a new leader clients reach some time later
+        lead = draw(st.sampled_from([st_lead[-1], -1, max(st_lead) + 1]))
+        st_ts.append(t)
         st_mask.append(draw(st.sampled_from([0b010, 0b100, 0])))
-        st_led.append(draw(st.booleans()))
+        st_lead.append(lead)
+        st_live.append(lead >= 0 and draw(st.booleans()))
+        st_from.append(st_from[-1] if lead == st_lead[-2] else t + draw(st.sampled_from([0, 100_000])))
     # T changes, at fetch instants too (answers come at them: the step in force at an answer is T's own)
     at = st.one_of(st.integers(1, end), st.integers(1, max(end // every, 1)).map(lambda k: k * every))
     steps = sorted(set(draw(st.lists(at, max_size=4))))
@@ -161,7 +165,8 @@ def plans(draw):
     rtt = draw(st.sampled_from([0, 1000]))
     return (prod, eng, ok, size, 5000, rtt, tn_ts, tn, rtt if slots == 1 else 0, slots,
             draw(st.sampled_from([100, 16384])), np.array([0, 1, 2], np.int64), b_ts, b_kind, b_who, b_upto,
-            np.array(st_ts, np.int64), np.array(st_mask, np.int64), np.array(st_led, np.bool_))
+            np.array(st_ts, np.int64), np.array(st_mask, np.int64), np.array(st_lead, np.int64),
+            np.array(st_live, np.bool_), np.array(st_from, np.int64))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -183,7 +188,8 @@ def test_a_request_carries_what_waited_when_its_slot_freed():
     b_ts, b_who = np.repeat(fetch, 2), np.tile(np.array([1, 2], np.int64), len(fetch))
     common = dict(reps=np.array([0, 1, 2], np.int64), b_ts=b_ts, b_kind=np.full(len(b_ts), int(Kind.REPLICATE),
                   np.int8), b_who=b_who, b_upto=b_ts.copy(), st_ts=np.array([0], np.int64),
-                  st_mask=np.array([0b110], np.int64), st_led=np.array([True]))
+                  st_mask=np.array([0b110], np.int64), st_lead=np.array([0], np.int64), st_live=np.array([True]),
+                  st_from=np.array([0], np.int64))
     ones = np.array([0], np.int64), np.array([1], np.int64)
 
     def acks(slots: int, gap: int) -> list[int]:
