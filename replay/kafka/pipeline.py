@@ -16,7 +16,10 @@ message the moment it was produced. This module turns that instant into the one 
   broker that takes over a failed broker's partitions serves more turns (`Leadership`, `ClientPipeline.turn_steps`).
   A request is made, and its content fixed, when one of the connection's max_in_flight_requests_per_connection
   slots frees, some answers before the broker reads it (librdkafka `rd_kafka_toppar_producer_serve`, Java
-  `InFlightRequests.canSendMore`).
+  `InFlightRequests.canSendMore`). Only a live leader (up, and not isolated unless alone in the ISR it knew)
+  answers: an ISR change while it is down answers nothing, and a request it left unanswered is answered by the
+  next live leader once clients reach it, client_failover_ms after it is first live (librdkafka
+  `rd_kafka_broker_fail`; `ClientPipeline.timeline`).
 
 - K-8 (acks=all with librdkafka): after an unclean election of any partition of the topic the idempotent
   producer's next answer from that partition's new leader is a fatal OUT_OF_ORDER_SEQUENCE_NUMBER, and every
@@ -150,9 +153,10 @@ class ClientPipeline:
         """Who can answer a request, from each instant on (SPEC §3.7 K-6): the steps of the engine's `rows` and of
         the partition's fault events, as (instant, ISR followers as a bit mask over `replicas`, leadership, live,
         from). A leadership is one incarnation of a broker leading without another broker leading in between
-        (-1: no leader): the connection the client's requests wait on. Live: its leader is up and not isolated, the
-        only state in which it moves its high watermark and sends answers (SPEC §2.2: a leader that is down or
-        isolated gets no follower fetches). From: the first instant it was live plus client_failover_ms, when
+        (-1: no leader): the connection the client's requests wait on. Live: its leader is up and moves its high
+        watermark. An isolated leader gets no follower fetches (SPEC §2.2) and keeps the ISR it knew when cut off
+        (rule 10): it is live, with that ISR, only if the ISR held itself alone; one elected while isolated is not
+        (it does not know it leads, K-3). From: the first instant it was live plus client_failover_ms, when
         clients whose requests an earlier leadership left unanswered reach it (rule 8)."""
         failover = self.policy.client_failover_ms * MS
         fault = np.flatnonzero(np.isin(f_kind, [int(k) for k in CONTROL_KINDS]))
@@ -162,18 +166,26 @@ class ClientPipeline:
         incarnation = dict.fromkeys(self.replicas, 0)  # a restart starts a new one: its connections are new
         st: list[tuple[int, int, int, bool, int]] = []
         lead_key: tuple[int, int] | None = None
-        lead_id, lead_from = -1, NEVER
+        isolated_at: dict[int, int] = {}
+        lead_id, lead_from, lead_since = -1, NEVER, 0
+        view: dict[tuple[int, int], int] = {}  # per leadership and isolation, the ISR (followers) its leader knew
 
         def step(t: int, row: StateRow) -> None:
-            nonlocal lead_key, lead_id, lead_from
+            nonlocal lead_key, lead_id, lead_from, lead_since
             ldr = row.leader
-            live = ldr is not None and up.get(ldr, False) and not isolated.get(ldr, False)
             if ldr is not None and (ldr, incarnation.get(ldr, 0)) != lead_key:
-                lead_key, lead_id, lead_from = (ldr, incarnation.get(ldr, 0)), lead_id + 1, NEVER
-            if live and lead_from == NEVER:
-                lead_from = t + failover
+                lead_key, lead_id, lead_from, lead_since = (ldr, incarnation.get(ldr, 0)), lead_id + 1, NEVER, t
             mask = 0 if ldr is None else sum(1 << self.replicas.index(b) for b in row.isr
                                              if b != ldr and b in self.replicas)
+            live = ldr is not None and up.get(ldr, False)
+            if live and isolated.get(ldr, False):
+                if isolated_at[ldr] >= lead_since:  # cut off while it led: it keeps the ISR it knew
+                    mask = view.setdefault((lead_id, isolated_at[ldr]), mask)
+                    live = mask == 0
+                else:
+                    live = False  # elected while isolated: it does not know it leads (K-3)
+            if live and lead_from == NEVER:
+                lead_from = t + failover
             now = (mask, -1 if ldr is None else lead_id, live, lead_from)
             if not st or st[-1][1:] != now:
                 st.append((t, *now))
@@ -190,6 +202,7 @@ class ClientPipeline:
                         incarnation[b] = incarnation.get(b, 0) + up[b]
                     else:
                         isolated[b] = kind == int(Kind.ISOLATE)
+                        isolated_at[b] = t
                     k += 1
                 if row is not None and t < until:
                     step(t, row)
