@@ -16,7 +16,10 @@ message the moment it was produced. This module turns that instant into the one 
   broker that takes over a failed broker's partitions serves more turns (`Leadership`, `ClientPipeline.turn_steps`).
   A request is made, and its content fixed, when one of the connection's max_in_flight_requests_per_connection
   slots frees, some answers before the broker reads it (librdkafka `rd_kafka_toppar_producer_serve`, Java
-  `InFlightRequests.canSendMore`).
+  `InFlightRequests.canSendMore`). Only a live leader (up, and not isolated unless alone in the ISR it knew)
+  answers: an ISR change while it is down answers nothing, and a request it left unanswered is answered by the
+  next live leader once clients reach it, client_failover_ms after it is first live (librdkafka
+  `rd_kafka_broker_fail`; `ClientPipeline.timeline`).
 
 - K-8 (acks=all with librdkafka): after an unclean election of any partition of the topic the idempotent
   producer's next answer from that partition's new leader is a fatal OUT_OF_ORDER_SEQUENCE_NUMBER, and every
@@ -37,7 +40,7 @@ from replay.events import PartitionEvents
 from replay.policies import Acks, KafkaPolicy
 from replay.results import MessageRecords, StateRow
 from schemas.outcomes import NULL_US, Error, Status
-from schemas.trace import DEFAULT_CLIENT_ROUND_TRIP_US, Kind
+from schemas.trace import CONTROL_KINDS, DEFAULT_CLIENT_ROUND_TRIP_US, STOP_KINDS, Kind
 from schemas.units import MS
 
 #: No fetch cycle answers the request (no leader, or a follower never fetches again): the engine's instant stands.
@@ -128,7 +131,8 @@ class ClientPipeline:
 
     def inputs(self, rec: MessageRecords, rows: Sequence[StateRow]) -> tuple:
         """The arrays `plan_requests` takes: messages in produce order, the broker events as observed (the
-        planner picks each follower's `replicate` events), the ISR timeline at its leader and ISR changes."""
+        planner picks each follower's `replicate` events), and the timeline of the leader that can answer
+        (`timeline`)."""
         # records come in msg_id order, usually also produce order: sort only when they are not
         sorted_ = not len(rec.msg_id) or bool(np.all(rec.produce_us[1:] >= rec.produce_us[:-1]))
         order = slice(None) if sorted_ else np.lexsort((rec.msg_id, rec.produce_us))
@@ -141,18 +145,73 @@ class ClientPipeline:
         ok = rec.status[order] == int(Status.ACKED)
         f_ts, f_kind, f_who, f_upto = (_joined([f[i] for f in self.fetch], dt)
                                        for i, dt in enumerate((np.int64, np.int8, np.int64, np.int64)))
-        st_ts, st_mask, st_led = [], [], []
-        last = None
-        for r in rows:
-            if last is None or (r.leader, r.isr) != last:
-                last = (r.leader, r.isr)
-                st_ts.append(r.ts_us)
-                st_led.append(r.leader is not None)
-                st_mask.append(0 if r.leader is None else sum(1 << self.replicas.index(b) for b in r.isr
-                                                               if b != r.leader and b in self.replicas))
         return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, np.array(self.replicas, np.int64),
-                f_ts, f_kind, f_who, f_upto, np.array(st_ts, np.int64), np.array(st_mask, np.int64),
-                np.array(st_led, np.bool_))
+                f_ts, f_kind, f_who, f_upto, *self.timeline(rows, f_ts, f_kind, f_who))
+
+    def timeline(self, rows: Sequence[StateRow], f_ts: np.ndarray, f_kind: np.ndarray, f_who: np.ndarray
+                 ) -> tuple[np.ndarray, ...]:
+        """Who can answer a request, from each instant on (SPEC §3.7 K-6): the steps of the engine's `rows` and of
+        the partition's fault events, as (instant, ISR followers as a bit mask over `replicas`, leadership, live,
+        from). A leadership is one incarnation of a broker leading without another broker leading in between
+        (-1: no leader): the connection the client's requests wait on. Live: its leader is up and moves its high
+        watermark. An isolated leader gets no follower fetches (SPEC §2.2) and keeps the ISR it knew when cut off
+        (rule 10): it is live, with that ISR, only if the ISR held itself alone; one elected while isolated is not
+        (it does not know it leads, K-3). From: the first instant it was live plus client_failover_ms, when
+        clients whose requests an earlier leadership left unanswered reach it (rule 8)."""
+        failover = self.policy.client_failover_ms * MS
+        fault = np.flatnonzero(np.isin(f_kind, [int(k) for k in CONTROL_KINDS]))
+        stops = [int(k) for k in STOP_KINDS]
+        up = dict.fromkeys(self.replicas, True)
+        isolated = dict.fromkeys(self.replicas, False)
+        incarnation = dict.fromkeys(self.replicas, 0)  # a restart starts a new one: its connections are new
+        st: list[tuple[int, int, int, bool, int]] = []
+        lead_key: tuple[int, int] | None = None
+        isolated_at: dict[int, int] = {}
+        lead_id, lead_from, lead_since = -1, NEVER, 0
+        view: dict[tuple[int, int], int] = {}  # per leadership and isolation, the ISR (followers) its leader knew
+
+        def step(t: int, row: StateRow) -> None:
+            nonlocal lead_key, lead_id, lead_from, lead_since
+            ldr = row.leader
+            if ldr is not None and (ldr, incarnation.get(ldr, 0)) != lead_key:
+                lead_key, lead_id, lead_from, lead_since = (ldr, incarnation.get(ldr, 0)), lead_id + 1, NEVER, t
+            mask = 0 if ldr is None else sum(1 << self.replicas.index(b) for b in row.isr
+                                             if b != ldr and b in self.replicas)
+            live = ldr is not None and up.get(ldr, False)
+            if live and isolated.get(ldr, False):
+                if isolated_at[ldr] >= lead_since:  # cut off while it led: it keeps the ISR it knew
+                    mask = view.setdefault((lead_id, isolated_at[ldr]), mask)
+                    live = mask == 0
+                else:
+                    live = False  # elected while isolated: it does not know it leads (K-3)
+            if live and lead_from == NEVER:
+                lead_from = t + failover
+            now = (mask, -1 if ldr is None else lead_id, live, lead_from)
+            if not st or st[-1][1:] != now:
+                st.append((t, *now))
+
+        k, row = 0, None
+        for nxt in [*rows, None]:
+            until = NEVER if nxt is None else nxt.ts_us
+            while k < len(fault) and int(f_ts[fault[k]]) <= until:  # faults apply before the row of their instant
+                t = int(f_ts[fault[k]])
+                while k < len(fault) and int(f_ts[fault[k]]) == t:
+                    kind, b = int(f_kind[fault[k]]), int(f_who[fault[k]])
+                    if kind in stops or kind == int(Kind.RESTART):
+                        up[b] = kind == int(Kind.RESTART)
+                        incarnation[b] = incarnation.get(b, 0) + up[b]
+                    else:
+                        isolated[b] = kind == int(Kind.ISOLATE)
+                        isolated_at[b] = t
+                    k += 1
+                if row is not None and t < until:
+                    step(t, row)
+            if nxt is not None:
+                row = nxt
+                step(row.ts_us, row)
+        cols = list(zip(*st, strict=True)) if st else [[]] * 5
+        return (np.array(cols[0], np.int64), np.array(cols[1], np.int64), np.array(cols[2], np.int64),
+                np.array(cols[3], np.bool_), np.array(cols[4], np.int64))
 
     def apply(self, rec: MessageRecords, rows: Sequence[StateRow], planner, shifter=None) -> MessageRecords:
         """The records with the client's acknowledgement instants (SPEC §3.7 K-6, K-7); `planner` is
@@ -263,18 +322,23 @@ def _cycle(s: int, mask: int, f_off, f_ts, f_upto) -> int:
     return done
 
 
-def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_led) -> int:
-    """When the high watermark passes what was appended at s (SPEC §3.7 K-6): under the ISR in force at s, the
-    first instant every follower of it has fetched past s (`_cycle`); if the ISR changes first, or the partition
-    has no leader, the first later ISR (from its start) under which that holds, as `Partition.maybeIncrementLeaderHW`
-    runs again at each ISR change. NEVER when no fetch of the trace answers it: the answer lies beyond the trace."""
+def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st_from) -> int:
+    """When the high watermark passes what was appended at s and a leader answers (SPEC §3.7 K-6): under the ISR in
+    force at s, the first instant every follower of it has fetched past s (`_cycle`); if the ISR changes first, or
+    the partition has no live leader, the first later ISR of a live leader (from its start) under which that holds,
+    as `Partition.maybeIncrementLeaderHW` runs again at each ISR change. Only a live leader answers
+    (`ClientPipeline.timeline`): one that is down or isolated neither moves its high watermark nor sends, and a
+    later leader answers no earlier than when clients reach it (`st_from`). NEVER when no fetch of the trace answers
+    it: the answer lies beyond the trace."""
     r = max(int(np.searchsorted(st_ts, s, side="right")) - 1, 0)
+    mine = int(st_lead[r])  # the leadership the request went to
     while r < len(st_ts):
         ends = int(st_ts[r + 1]) if r + 1 < len(st_ts) else NEVER
-        if st_led[r]:
+        if st_live[r]:
+            start = int(st_ts[r]) if st_lead[r] == mine else max(int(st_ts[r]), int(st_from[r]))
             cyc = _cycle(s, int(st_mask[r]), f_off, f_ts, f_upto)
-            if cyc != NEVER and max(cyc, int(st_ts[r])) < ends:
-                return max(cyc, int(st_ts[r]))
+            if cyc != NEVER and max(cyc, start) < ends:
+                return max(cyc, start)
         r += 1
     return NEVER
 
@@ -285,7 +349,7 @@ def turns_at(t: int, tn_ts, tn) -> int:
 
 
 def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
-                  st_ts, st_mask, st_led) -> tuple[np.ndarray, np.ndarray]:
+                  st_ts, st_mask, st_lead, st_live, st_from) -> tuple[np.ndarray, np.ndarray]:
     """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
     s = max(first waiting message + linger_ms, the partition's turn). It was made when one of the connection's
     `slots` (max_in_flight_requests_per_connection) freed: at the answer `slots` requests earlier on the
@@ -330,7 +394,7 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
                 done = max(done, int(eng[j]))
                 made_at[j] = made
             j += 1
-        cyc = NEVER if made == NEVER else next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+        cyc = NEVER if made == NEVER else next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st_from)
         if cyc != NEVER:
             done = max(done, cyc)
         elif done == s or made == NEVER:  # no fetch of the trace answers it, and the engine answered its messages
@@ -349,7 +413,7 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
         answers.append(done)
         if i < n and int(prod[i]) <= done:
             for _ in range(turns_at(done, tn_ts, tn) - 1):
-                x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_led)
+                x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st_from)
                 if x == NEVER:
                     break
                 turn = x + gap

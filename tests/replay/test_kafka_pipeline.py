@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from replay.events import PartitionEvents
 from replay.kafka.kernels.pipeline import plan_requests_compiled
 from replay.kafka.leadership import leadership
-from replay.kafka.pipeline import NEVER, ClientPipeline, Leadership, plan_requests
+from replay.kafka.pipeline import NEVER, ClientPipeline, Leadership, next_cycle, plan_requests
 from replay.kafka.routing import kafka_assignment
 from replay.policies import parse_policy
 from replay.results import MessageRecords, StateRow
@@ -122,6 +122,37 @@ def test_a_fatal_producer_fails_what_it_still_holds():
         assert np.array_equal(out.status[kept], rec.status[kept]) and np.array_equal(out.ack_us[kept], rec.ack_us[kept])
 
 
+
+def test_only_a_live_leader_answers_and_a_new_one_once_clients_reach_it():
+    """SPEC §3.7 K-6 (live leader): the timeline the planner reads, from the engine's rows and the fault events.
+    k26-down-leader-answers-nothing: B1 (0) leads with ISR {0, 1, 2}; B2 (1) crashes at 2 s (nothing changes for
+    the planner), B1 at 5 s (not live: no answers, though it still leads), B2's fencing at 11 s shrinks the ISR
+    while B1 is down (still not live), B3 (2) is elected at 14 s (a new leadership, answering once clients reach it
+    at 14.1 s). Then B3 is isolated at 20 s and heals at 21 s: live in between, as the ISR it knew held itself
+    alone (rule 10), and the same leadership after (its clients stayed); it crashes at 30 s and restarts at 32 s,
+    re-elected: a new incarnation, reached at 32.1 s. With ISR {B3, B1} when cut off, it is not live while
+    isolated (no follower reaches it)."""
+    rows = [StateRow(0, 0, 0, (0, 1, 2), 0, 0), StateRow(11 * S, 0, 0, (0, 2), 0, 0),
+            StateRow(14 * S, 2, 1, (2,), 0, 0), StateRow(32 * S, 2, 2, (2,), 0, 0)]
+    faults = _faults((2 * S, Kind.CRASH, 1), (5 * S, Kind.CRASH, 0), (20 * S, Kind.ISOLATE, 2),
+                     (21 * S, Kind.HEAL, 2), (30 * S, Kind.CRASH, 2), (32 * S, Kind.RESTART, 2))
+    client = ClientPipeline(parse_policy("kafka:partitions=1,acks=all"), 0, (0, 1, 2), 60 * S)
+    st_ts, mask, lead, live, start = client.timeline(rows, faults.broker_ts, faults.broker_kind, faults.broker_id)
+    assert list(zip(st_ts.tolist(), mask.tolist(), lead.tolist(), live.tolist(), start.tolist(), strict=True)) == [
+        (0, 0b110, 0, True, 100_000), (5 * S, 0b110, 0, False, 100_000), (11 * S, 0b100, 0, False, 100_000),
+        (14 * S, 0, 1, True, 14_100_000), (30 * S, 0, 1, False, 14_100_000), (32 * S, 0, 2, True, 32_100_000)]
+    # a request read at 1.005 s that B3 fetched past at 1.5 s: not answered at the ISR change of 11 s, but when
+    # clients reach B3; one read at 20.5 s, while B3 is isolated alone, at once; one read while it is down, when
+    # clients reach its new incarnation
+    f_off, f_ts, f_upto = np.array([0, 0, 0, 1]), np.array([1_500_000]), np.array([1_500_000])
+    assert next_cycle(1_005_000, f_off, f_ts, f_upto, st_ts, mask, lead, live, start) == 14_100_000
+    assert next_cycle(20_500_000, f_off, f_ts, f_upto, st_ts, mask, lead, live, start) == 20_500_000
+    assert next_cycle(30_500_000, f_off, f_ts, f_upto, st_ts, mask, lead, live, start) == 32_100_000
+    rows[2] = StateRow(14 * S, 2, 1, (0, 2), 0, 0)  # had B3's ISR held a follower when it was cut off
+    st_ts, mask, lead, live, start = client.timeline(rows, faults.broker_ts, faults.broker_kind, faults.broker_id)
+    assert list(zip(st_ts.tolist(), live.tolist(), strict=True))[3:] == [
+        (14 * S, True), (20 * S, False), (21 * S, True), (30 * S, False), (32 * S, True)]
+
 @st.composite
 def plans(draw):
     """A partition's messages (bursts, some not acknowledged by the engine), its followers' fetches (brokers 1 and
@@ -147,11 +178,15 @@ def plans(draw):
     b_who = np.array(who, np.int64)[order]
     b_upto = np.array(upto, np.int64)[order]
     b_kind = np.full(len(b_ts), int(Kind.REPLICATE), np.int8)
-    st_ts, st_mask, st_led = [0], [0b110], [True]
-    if draw(st.booleans()):  # an ISR change, or a spell without a leader
-        st_ts.append(draw(st.integers(1, end)))
+    st_ts, st_mask, st_lead, st_live, st_from = [0], [0b110], [0], [True], [100_000]
+    for t in sorted(set(draw(st.lists(st.integers(1, end), max_size=3)))):
+        # an ISR change, a leader that goes down, no leader, or a new leader clients reach some time later
+        lead = draw(st.sampled_from([st_lead[-1], -1, max(st_lead) + 1]))
+        st_ts.append(t)
         st_mask.append(draw(st.sampled_from([0b010, 0b100, 0])))
-        st_led.append(draw(st.booleans()))
+        st_lead.append(lead)
+        st_live.append(lead >= 0 and draw(st.booleans()))
+        st_from.append(st_from[-1] if lead == st_lead[-2] else t + draw(st.sampled_from([0, 100_000])))
     # T changes, at fetch instants too (answers come at them: the step in force at an answer is T's own)
     at = st.one_of(st.integers(1, end), st.integers(1, max(end // every, 1)).map(lambda k: k * every))
     steps = sorted(set(draw(st.lists(at, max_size=4))))
@@ -161,7 +196,8 @@ def plans(draw):
     rtt = draw(st.sampled_from([0, 1000]))
     return (prod, eng, ok, size, 5000, rtt, tn_ts, tn, rtt if slots == 1 else 0, slots,
             draw(st.sampled_from([100, 16384])), np.array([0, 1, 2], np.int64), b_ts, b_kind, b_who, b_upto,
-            np.array(st_ts, np.int64), np.array(st_mask, np.int64), np.array(st_led, np.bool_))
+            np.array(st_ts, np.int64), np.array(st_mask, np.int64), np.array(st_lead, np.int64),
+            np.array(st_live, np.bool_), np.array(st_from, np.int64))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -183,7 +219,8 @@ def test_a_request_carries_what_waited_when_its_slot_freed():
     b_ts, b_who = np.repeat(fetch, 2), np.tile(np.array([1, 2], np.int64), len(fetch))
     common = dict(reps=np.array([0, 1, 2], np.int64), b_ts=b_ts, b_kind=np.full(len(b_ts), int(Kind.REPLICATE),
                   np.int8), b_who=b_who, b_upto=b_ts.copy(), st_ts=np.array([0], np.int64),
-                  st_mask=np.array([0b110], np.int64), st_led=np.array([True]))
+                  st_mask=np.array([0b110], np.int64), st_lead=np.array([0], np.int64), st_live=np.array([True]),
+                  st_from=np.array([0], np.int64))
     ones = np.array([0], np.int64), np.array([1], np.int64)
 
     def acks(slots: int, gap: int) -> list[int]:

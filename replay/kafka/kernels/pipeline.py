@@ -15,7 +15,7 @@ _REPLICATE = int(Kind.REPLICATE)
 
 @compiled
 def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who,
-                           b_upto, st_ts, st_mask, st_led):
+                           b_upto, st_ts, st_mask, st_lead, st_live, st_from):
     n = len(prod)
     out = eng.copy()
     made_at = prod.copy()
@@ -53,7 +53,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             j += 1
         cyc = _NEVER
         if made != _NEVER:
-            cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
+            cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_lead, st_live, st_from)
         if cyc != _NEVER:
             done = max(done, cyc)
         elif done == s or made == _NEVER:  # beyond the trace, or never made (`plan_requests`)
@@ -76,7 +76,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             while step + 1 < len(tn_ts) and tn_ts[step + 1] <= done:
                 step += 1
             for _ in range(tn[step] - 1):
-                x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led)
+                x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_lead, st_live, st_from)
                 if x == _NEVER:
                     break
                 turn = x + gap
@@ -86,7 +86,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
 
 
 @compiled(inline=True)
-def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led):
+def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_lead, st_live, st_from):
     """`replay.kafka.pipeline.next_cycle`: under the ISR in force at s, or the first later one (from its start)
     whose followers have all fetched past s before the ISR changes again; _NEVER beyond the trace."""
     r = row[0]
@@ -95,12 +95,13 @@ def _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_led
     row[0] = r
     if r < 0:
         r = 0
+    mine = st_lead[r]  # the leadership the request went to
     m = len(b_ts)
     while r < len(st_ts):
         ends = st_ts[r + 1] if r + 1 < len(st_ts) else _NEVER
-        if st_led[r]:
+        if st_live[r]:
             mask = st_mask[r]
-            done = max(s, st_ts[r])
+            done = max(s, st_ts[r] if st_lead[r] == mine else max(st_ts[r], st_from[r]))
             k = 0
             while (mask >> k) != 0:
                 if (mask >> k) & 1:

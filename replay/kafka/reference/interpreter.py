@@ -35,7 +35,8 @@ SPEC §3.7 corrections (v1.1), each next to its rule below:
   `_electable`; an isolated broker elected learns of it only when it heals (`unaware`, `_lead`).
 - K-4 last known leader with ELR (KIP-966, `PartitionChangeBuilder`): `_elect`.
 - K-6 the client's per-connection pipeline and K-7 the acks=0/1 acknowledgement (`SocketServer`, `DelayedProduce`,
-  the producer's `linger.ms`): `replay.kafka.pipeline.plan_requests`, applied to the records in `_finish`.
+  the producer's `linger.ms`): `replay.kafka.pipeline.plan_requests`, applied to the records in `_finish`; only a
+  live leader answers (`ClientPipeline.timeline`, from these rows and the partition's fault events).
 - K-8 the idempotent producer's fatal error after an unclean election (librdkafka `rd_kafka_idemp_set_fatal_error`):
   `ClientPipeline.settle`, at the instants `_elect` records in `unclean_us` in the fault-only replay of
   `replay.kafka.leadership`.
