@@ -65,3 +65,13 @@ def test_golden_messages(folder, case, engine):
     for field in ("acked", "failed", "pending"):
         if field in summary:
             assert sum(f["status"] == field for f in facts.values()) == summary[field], field
+    # SPEC §4.1's counts from the same facts, as `engine.metrics.run_summary` counts them on Spark
+    counts = {
+        "acked_lost": sum(f["status"] == "acked" and f["fate"] != "committed" for f in facts.values()),
+        "failed_committed": sum(f["status"] == "failed" and f["fate"] == "committed" for f in facts.values()),
+        "stranded": sum(f["status"] == "acked" and f["fate"] == "committed" and not f["readable_at_end"]
+                        for f in facts.values()),
+    }
+    for name, value in counts.items():
+        if name in summary:
+            assert value == summary[name], f"{folder.name} {name}: {value} != {summary[name]} ({case['why']})"
