@@ -66,7 +66,8 @@ _DOWN_LABEL = {"crash": CRASH, "power_loss": POWER, "disk_loss": DISK}
 
 @dataclass(frozen=True)
 class Biasing:
-    """Balanced failure biasing with forcing (see the module docstring). q = 0 turns biasing off (plain MC)."""
+    """Balanced failure biasing with forcing, in a defensive mixture with the model itself (see the module
+    docstring). q = 0 turns biasing off (plain MC)."""
 
     q: float = 2.0  # a = q / p̄: biased chance of a fault before the next repair = a × the model's, at most `cap`
     cap: float = 0.8
@@ -74,14 +75,22 @@ class Biasing:
     max_biased_steps: int = 4  # biased decision points per episode; then the model's law alone
     max_biased_faults: int = 2
     max_faults: int = 32  # a safety stop; an episode reaching it is counted as truncated
+    defensive: float = 0.3  # share of episodes drawn from the model itself (mixture component weight)
+
+    @property
+    def forcing_max_weight(self) -> float:
+        """Largest likelihood ratio forcing alone gives an episode: each biased step multiplies it by at most
+        1 / (1 − cap) (no fault) or 1 / (1 − balance) (a forced fault), every other step by 1."""
+        return max(1.0 / (1.0 - self.cap), 1.0 / (1.0 - self.balance)) ** self.max_biased_steps
 
     @property
     def max_weight(self) -> float:
-        """Largest likelihood ratio the scheme can give an episode: each biased step multiplies it by at most
-        1 / (1 − cap) (no fault) or 1 / (1 − balance) (a forced fault), every other step by 1."""
+        """Largest likelihood ratio an episode can carry: p / (α·p + (1 − α)·q_f) is at most 1/α and at most the
+        forcing's own bound over 1 − α."""
         if self.q <= 0:
             return 1.0
-        return max(1.0 / (1.0 - self.cap), 1.0 / (1.0 - self.balance)) ** self.max_biased_steps
+        bounds = [self.forcing_max_weight / (1.0 - self.defensive)] if self.defensive < 1 else []
+        return min(bounds + ([1.0 / self.defensive] if self.defensive > 0 else []))
 
 
 @dataclass
@@ -310,6 +319,12 @@ class EpisodeSampler:
         biased_steps = 0
         tau = self.mean_recovery_s(initial)
         scale = 0.0  # a: biased chance of a fault = a × the model's (set at the first step)
+        # The episode is drawn from the model with chance α (`defensive`), else with forcing; both densities are
+        # followed along the path (log_m: the model's, log_f: forcing's; equal outside the biased steps), and the
+        # sampling density is their mixture α·m + (1 − α)·f (balance heuristic).
+        mixing = bias.q > 0 and bias.defensive > 0
+        forcing = bias.q > 0 and not (mixing and rng.random() < bias.defensive)
+        log_m = log_f = 0.0
         while queue:
             while queue and queue[0][0] <= t:
                 _, _, action = heapq.heappop(queue)
@@ -323,22 +338,34 @@ class EpisodeSampler:
             p_fault = -math.expm1(-total * r)  # the model's chance of a fault before the next repair event
             if scale == 0.0 and total > 0:
                 scale = max(1.0, bias.q / -math.expm1(-total * tau))
+            k = -1
             if (bias.q > 0 and p_fault > 0 and biased_steps < bias.max_biased_steps
                     and faults < bias.max_biased_faults):
                 # forcing: a fault before r with chance q_s, at the model's time law conditioned on [0, r)
                 biased_steps += 1
                 q_s = max(p_fault, min(bias.cap, scale * p_fault))
-                if rng.random() < q_s:
-                    dt = -math.log1p(-rng.random() * p_fault) / total
-                    choice = (1.0 - bias.balance) * lam / total + bias.balance / len(slots)
-                    k = int(rng.choice(len(slots), p=choice))
-                    log_q += math.log(q_s) + math.log(total) - total * dt - math.log(p_fault) + math.log(choice[k])
+                choice = (1.0 - bias.balance) * lam / total + bias.balance / len(slots)
+                if forcing:
+                    if rng.random() < q_s:
+                        dt = -math.log1p(-rng.random() * p_fault) / total
+                        k = int(rng.choice(len(slots), p=choice))
+                    else:
+                        dt = math.inf
                 else:
-                    dt = math.inf
-                    log_q += math.log1p(-q_s)
+                    dt = rng.exponential(1.0 / total)
+                    if dt < r:
+                        k = int(rng.choice(len(slots), p=lam / total))
+                    else:
+                        dt = math.inf
+                if k >= 0:
+                    log_m += math.log(lam[k]) - total * dt
+                    log_f += (math.log(q_s) + math.log(total) - total * dt - math.log(p_fault)
+                              + math.log(choice[k]))
+                else:
+                    log_m -= total * r
+                    log_f += math.log1p(-q_s)
             else:
                 dt = rng.exponential(1.0 / total) if total > 0 else math.inf
-                k = -1
                 step = min(dt, r)
                 log_q -= total * step
                 if dt < r and faults < bias.max_faults:
@@ -357,5 +384,9 @@ class EpisodeSampler:
                 truncated = truncated or (dt < r)
                 t += r
             max_down = max(max_down, c.down())
+        if bias.q > 0:
+            a = 1.0 - bias.defensive if mixing else 1.0
+            log_q += float(np.logaddexp(math.log(bias.defensive) + log_m if mixing else -math.inf,
+                                        math.log(a) + log_f))
         events.sort(key=lambda e: e[0])
         return Episode(initial, events, counts, exposure, log_q, t, max_down, truncated, *c.recovery)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.durability.episodes import Biasing, Episode, EpisodeSampler, initial_rates_per_year, recovery_log_ratio
-from engine.durability.estimate import Stratum, policy_figures, weight_diagnostics
+from engine.durability.estimate import Stratum, policy_figures, stratum_moments, weight_diagnostics
 from engine.durability.judge import TraceShape, Verdict, base_scenario, judge_episode
 from generators.model import Dist, DistKind, Scenario
 from generators.rates import Rates
@@ -136,24 +136,38 @@ class Estimate:
         return [policy_figures(strata, j, self.spec.biasing.max_weight) for j in range(len(self.spec.policies))]
 
     def allocation(self, batch: int) -> list[int]:
-        """Episodes per stratum for the next round: Neyman-like, ∝ Λ_k × the largest relative spread any policy
-        has there, at least one each (strata with Λ_k = 0 get none)."""
+        """Episodes per stratum for the next round, at least one each (strata with Λ_k = 0 get none).
+
+        Until every stratum has MIN_PER_STRATUM episodes, the short ones share the round. Then Neyman allocation
+        (Cochran, Sampling Techniques, §5.5) for the policies' *relative* variances: policy j's estimate of its
+        yearly loss rate R_j has relative variance Σ_k Λ_k²·s_kj² / (n_k·R_j²) (s_kj: the spread of w·L among
+        stratum k's episodes, `stratum_moments`), and n_k ∝ Λ_k·sqrt(Σ_j ρ_j·s_kj²/R_j²) minimises
+        Σ_j ρ_j·RelVar_j for a given number of episodes. The weights ρ_j are the policies' current relative
+        variances, so the policies farthest from the target, which decide when the run may stop, get the most: a
+        pooled spread would let the policies with the largest absolute rate (everything that loses on any crash)
+        take the episodes the rarest-losing ones need. The allocation depends on the episodes alone, not on their
+        CPU time, so a seed gives the same episodes on any machine.
+        """
         strata = self.strata()
-        need = []
-        for s in strata:
-            if s.per_year <= 0:
-                need.append(0.0)
-                continue
-            if s.n < MIN_PER_STRATUM:
-                need.append(math.inf)
-                continue
-            z = s.weights[:, None] * s.lost
-            spread = z.std(axis=0, ddof=1).max()
-            need.append(s.per_year * max(spread, 1e-12) / math.sqrt(s.n))
-        if any(math.isinf(x) for x in need):
-            return [math.ceil(batch / sum(math.isinf(x) for x in need)) if math.isinf(x) else 0 for x in need]
-        total = sum(need)
-        return [max(1, round(batch * x / total)) if x > 0 else 0 for x in need]
+        if any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata):
+            short = [s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata]
+            return [math.ceil(batch / sum(short)) if x else 0 for x in short]
+        n_pol = len(self.spec.policies)
+        moments = [[stratum_moments(s, "lost", j) if s.per_year > 0 else (0.0, 0.0) for j in range(n_pol)]
+                   for s in strata]
+        rate = np.array([sum(s.per_year * moments[k][j][0] for k, s in enumerate(strata)) for j in range(n_pol)])
+        spread2 = np.array([[s.n * v for _, v in row] for s, row in zip(strata, moments, strict=True)])  # (K, J)
+        per_year = np.array([s.per_year for s in strata])
+        live = rate > 0
+        if not live.any():
+            return [max(1, round(batch / len(strata))) if x > 0 else 0 for x in per_year]
+        rel2 = spread2[:, live] / rate[live] ** 2  # per-episode relative variance contributions
+        rho = (per_year[:, None] ** 2 * rel2 / np.array([max(s.n, 1) for s in strata])[:, None]).sum(axis=0)
+        need = per_year * np.sqrt((rel2 * rho[None, :]).sum(axis=1))
+        total = float(need.sum())
+        if total <= 0:
+            return [max(1, round(batch / len(strata))) if x > 0 else 0 for x in per_year]
+        return [max(1, round(batch * x / total)) if p > 0 else 0 for x, p in zip(need, per_year, strict=True)]
 
     def relative_error(self) -> float:
         """The worst relative half-width of P(loss) over policies that lost something (inf if none did, or while a
