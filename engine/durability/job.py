@@ -110,7 +110,8 @@ class DurabilityReport:
 def method_text(spec: DurabilitySpec) -> str:
     b = spec.biasing
     return (f"regenerative episodes stratified by initial fault; failure biasing with forcing q={b.q:g}, "
-            f"cap {b.cap:g}, {b.max_biased_faults} biased faults in {b.max_biased_steps} steps; "
+            f"cap {b.cap:g}, {b.max_biased_faults} biased faults in {b.max_biased_steps} steps, in a defensive "
+            f"mixture with the model (share {b.defensive:g}); "
             f"traces compressed to gaps <= {spec.shape.max_gap_s:g} s at {spec.shape.trace_rate_per_s:g} msg/s")
 
 

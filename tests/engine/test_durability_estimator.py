@@ -249,8 +249,8 @@ def test_defensive_mixture_bounds_the_weights_of_losses_the_initial_fault_alone_
     """Where the initial fault alone loses (acks=1, asynchronous replication, page cache under a power loss), every
     episode loses and the estimate of E[L | k] = 1 is the mean weight. Forcing alone draws a further fault in most
     episodes, so the probability rests on the few unforced ones, weighted up to 1 / (1 − cap) per step: a relative
-    variance per episode of 3-4. Drawing a share α of episodes from the model itself (Hesterberg's defensive
-    mixture, balance heuristic) bounds every weight by 1/α and that variance by 1/α − 1."""
+    variance per episode of 3-4. Drawing a share δ of episodes from the model itself (Hesterberg's defensive
+    mixture, balance heuristic) bounds every weight by 1/δ and that variance by 1/δ − 1."""
     from generators.rates import load_rates
 
     rates = load_rates()
