@@ -121,6 +121,9 @@ class Episode:
     recovery_n: np.ndarray = field(default_factory=lambda: np.zeros(0))
     recovery_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
     recovery_log_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: log(f / m) over the biased steps: forcing's density over the model's (`mixture_weight`)
+    log_forcing_ratio: float = 0.0
+    defensive: float = 0.0  # the mixture share δ the episode was drawn with
 
     def log_p(self, per_second: np.ndarray) -> float:
         """log density of the inside-episode fault process under the model's rates `per_second`."""
@@ -154,6 +157,17 @@ class _Cluster:
 
     def down(self) -> int:
         return sum(1 for b in self.brokers if self.causes[b])
+
+
+def mixture_weight(delta: float, log_forcing_ratio: float) -> float:
+    """An episode's likelihood ratio under the sampling rates, m / (δ·m + (1 − δ)·f), from log(f / m) over its
+    biased steps (elsewhere the model's and forcing's densities are equal)."""
+    if delta >= 1.0:
+        return 1.0
+    x = math.log1p(-delta) + log_forcing_ratio
+    if x > 700:
+        return math.exp(-x)
+    return 1.0 / (delta + math.exp(x))
 
 
 def _draw_unclipped(d: Dist, rng: np.random.Generator) -> float:
@@ -311,8 +325,9 @@ class EpisodeSampler:
         return max(mean, 1e-3)
 
     # ------------------------------------------------------------------------------------------ sampling
-    def sample(self, initial: int, rng: np.random.Generator) -> Episode:
-        """One episode started by process `initial` on a uniformly chosen unit."""
+    def sample(self, initial: int, rng: np.random.Generator, defensive: float | None = None) -> Episode:
+        """One episode started by process `initial` on a uniformly chosen unit; `defensive` overrides the
+        biasing's mixture share δ (the estimator adapts it per stratum)."""
         n_proc = len(self.rates.processes)
         c = _Cluster(self.brokers, self.rack_of, self.racks, n_proc=n_proc)
         counts = np.zeros(n_proc)
@@ -334,8 +349,9 @@ class EpisodeSampler:
         # The episode is drawn from the model with chance δ (`defensive`), else with forcing; both densities are
         # followed along the path (log_m: the model's, log_f: forcing's; equal outside the biased steps), and the
         # sampling density is their mixture δ·m + (1 − δ)·f (balance heuristic).
-        mixing = bias.q > 0 and bias.defensive > 0
-        forcing = bias.q > 0 and not (mixing and rng.random() < bias.defensive)
+        delta = bias.defensive if defensive is None else defensive
+        mixing = bias.q > 0 and delta > 0
+        forcing = bias.q > 0 and not (mixing and rng.random() < delta)
         log_m = log_f = 0.0
         while queue:
             while queue and queue[0][0] <= t:
@@ -397,8 +413,7 @@ class EpisodeSampler:
                 t += r
             max_down = max(max_down, c.down())
         if bias.q > 0:
-            a = 1.0 - bias.defensive if mixing else 1.0
-            log_q += float(np.logaddexp(math.log(bias.defensive) + log_m if mixing else -math.inf,
-                                        math.log(a) + log_f))
+            log_q += log_m - math.log(mixture_weight(delta if mixing else 0.0, log_f - log_m))
         events.sort(key=lambda e: e[0])
-        return Episode(initial, events, counts, exposure, log_q, t, max_down, truncated, *c.recovery)
+        return Episode(initial, events, counts, exposure, log_q, t, max_down, truncated, *c.recovery,
+                       log_forcing_ratio=log_f - log_m, defensive=delta if mixing else 0.0)

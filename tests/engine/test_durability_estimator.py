@@ -312,3 +312,37 @@ def test_allocation_serves_the_policy_farthest_from_its_relative_target():
     plan = est.allocation(64)
     assert plan[disk] == max(plan) and plan[disk] >= 0.8 * sum(plan), plan
     assert all(x >= 1 for x, p in zip(plan, rates.processes, strict=True) if p.per_year > 0)
+
+
+@pytest.mark.parametrize("mechanism", ["faults pile up", "initial fault alone"])
+def test_mixture_share_adapts_to_the_loss_mechanism(mechanism):
+    """The share δ of episodes drawn from the model adapts per stratum to what the policies' losses need: little
+    (0.1, the least allowed) where a loss takes three disk losses before a rebuild (the Markov chain), most (0.9)
+    where every episode loses on its initial fault. The estimate stays on the exact value either way."""
+    import dataclasses
+
+    from engine.durability.judge import Verdict
+    from engine.durability.run import DEFENSIVE_GRID, DurabilitySpec, estimate_local
+    from generators.library import resolve_scenario
+    from replay.policies import parse_policy
+    from schemas.trace import Broker
+
+    demo = resolve_scenario("demo")
+    scenario = dataclasses.replace(demo, brokers=tuple(Broker(b, r) for b, r in BROKERS.items()))
+    afr = afr_for(1e-6)
+    spec = DurabilitySpec(scenario, disk_only_rates(afr, REPAIR_MEAN_S), (parse_policy("kafka-durable"),), seed=4)
+
+    def judge(ep, k, i):
+        return [Verdict(ep.max_down == 3 if mechanism == "faults pile up" else True, 0.0, 0.0, 0.0)]
+
+    est = estimate_local(spec, episodes=600, batch=300, judge=judge)
+    disk = spec.rates.names.index("disk_loss")
+    assert {r["defensive"] for r in est.rows[300:]} == {est.rows[300]["defensive"]}  # one share per round
+    share = est.rows[300]["defensive"]
+    assert share == (DEFENSIVE_GRID[0] if mechanism == "faults pile up" else DEFENSIVE_GRID[-1]), share
+    (fig,) = est.figures()
+    exact = 3 * afr * (absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S) if mechanism == "faults pile up"
+                       else 1.0)
+    rate = fig["losing_episodes_per_year"]
+    den = 1 + 3 * afr * np.mean([r["length_s"] for r in est.rows if r["stratum"] == disk]) / SECONDS_PER_YEAR
+    assert rate["low"] * den <= exact <= rate["high"] * den, (rate, exact)
