@@ -175,6 +175,9 @@ class Estimate:
                 out.append(default)
                 continue
             ratio = np.array([r.get("log_forcing_ratio", 0.0) for r in rs])
+            if not ratio.any():  # nothing was ever biased here (a whole-cluster power loss): keep the default
+                out.append(default)
+                continue
             z = s.weights[:, None] * s.lost[:, live]  # (n, live policies)
             best, best_cost = default, math.inf
             for d in DEFENSIVE_GRID:
