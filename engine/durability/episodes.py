@@ -41,7 +41,9 @@ its likelihood ratio is p / (δ·p + (1 − δ)·f), both densities followed alo
 it (Veach's balance heuristic). Every weight is then at most 1/δ (`Biasing.max_weight`), a loss the initial fault
 alone causes has a relative variance per episode of at most 1/δ − 1, and the paths forcing is for keep their
 nearly constant ratio, divided by 1 − δ (their variance grows by at most 1 / (1 − δ); 15 % at δ = 0.3 in the
-Markov check).
+Markov check). Each episode keeps log(f / m) over its biased steps (`Episode.log_forcing_ratio`), so its weight
+under any other share follows (`mixture_weight`), which is how the estimator adapts δ per stratum
+(`engine.durability.run.Estimate.defensive_shares`).
 
 The biased choices depend only on the past, so an episode's likelihood ratio is its density under the model,
 Π λ_i^{n_i} · exp(−Σ λ_i·exposure_i), over its density under the sampler (`log_q`, the product of the chances
@@ -87,7 +89,7 @@ class Biasing:
     max_biased_steps: int = 4  # biased decision points per episode; then the model's law alone
     max_biased_faults: int = 2
     max_faults: int = 32  # a safety stop; an episode reaching it is counted as truncated
-    defensive: float = 0.3  # share of episodes drawn from the model itself (mixture component weight)
+    defensive: float = 0.3  # share δ of episodes drawn from the model itself, until the estimator adapts it
 
     @property
     def forcing_max_weight(self) -> float:
