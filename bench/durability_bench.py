@@ -4,7 +4,7 @@
     python -m bench.durability_bench --budget-s 600 --json out.json     # the target's budget
     python -m bench.durability_bench --budget-s 90                      # a short look
     python -m bench.durability_bench --cluster-episodes 48              # Spark: 2-worker standalone vs local[1]
-    python -m bench.durability_bench --budget-s 240 --rows rows.json    # then: python -m bench.durability_diagnose rows.json
+    python -m bench.durability_bench --budget-s 240 --rows rows.json    # every episode, for bench.durability_diagnose
 
 The estimator runs in-process on one core (`engine.durability.run`, the same episodes and figures a Spark run
 gives; a Spark run spreads the rounds over its cores), in rounds of `--batch` episodes, until the budget of wall

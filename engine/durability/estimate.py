@@ -14,9 +14,9 @@ error is much smaller and left out), mapped through 1 − exp(−·).
 
 When no sampled episode of a policy lost anything, the estimate would be 0; the page shows a proven upper
 bound instead, the **weighted zero-failure bound**: within stratum k, E_p[L] = E_q[W·L] ≤ w_max·Q(L), where
-w_max bounds every likelihood ratio (`run.Estimate.max_weight`: 1/δ for the smallest mixture share used) and Q(L), the chance that a sampled
-episode loses, is at most 1 − (α/K)^(1/n_k) with confidence 1 − α/K after n_k loss-free episodes
-(Clopper-Pearson); a union bound over the K strata keeps the whole at 1 − α.
+w_max bounds every likelihood ratio (`run.Estimate.max_weight`: 1/δ for the smallest mixture share used) and
+Q(L), the chance that a sampled episode loses, is at most 1 − (α/K)^(1/n_k) with confidence 1 − α/K after n_k
+loss-free episodes (Clopper-Pearson); a union bound over the K strata keeps the whole at 1 − α.
 """
 
 from __future__ import annotations
