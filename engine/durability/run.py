@@ -155,7 +155,7 @@ class Estimate:
 
     def defensive_shares(self) -> list[float]:
         """The mixture share δ_k of each stratum's next episodes (He & Owen, "Optimal mixture weights in multiple
-        importance sampling", 2014): the share within DEFENSIVE_RANGE that minimises the policies' relative
+        importance sampling", 2014): the share in DEFENSIVE_GRID that minimises the policies' relative
         variances Σ_j ρ_j·Var_δ(w·L)/R_j² (ρ_j and R_j as in `allocation`). The second moment a share δ' would
         give is estimated from the episodes already drawn, whatever their own share δ_i:
         E_δ'[w_δ'²·L] = E_δi[w_δ'·w_δi·L], with w_δ' = 1 / (δ' + (1 − δ')·f/m) from each episode's log(f/m).
