@@ -243,6 +243,8 @@ class Estimate:
         return {**weight_diagnostics(strata), "episodes_per_stratum": {p.name: s.n for p, s in
                                                                      zip(self.spec.rates.processes, strata,
                                                                          strict=True)},
+                "mixture_share_per_stratum": {p.name: d for p, d in zip(self.spec.rates.processes,
+                                                                         self.defensive_shares(), strict=True)},
                 "cpu_seconds": cpu, "episodes_per_cpu_second": len(self.rows) / cpu if cpu else None,
                 "truncated": int(sum(r["truncated"] for r in self.rows))}
 

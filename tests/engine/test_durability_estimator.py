@@ -340,6 +340,7 @@ def test_mixture_share_adapts_to_the_loss_mechanism(mechanism):
     assert {r["defensive"] for r in est.rows[300:]} == {est.rows[300]["defensive"]}  # one share per round
     share = est.rows[300]["defensive"]
     assert share == (DEFENSIVE_GRID[0] if mechanism == "faults pile up" else DEFENSIVE_GRID[-1]), share
+    assert est.summary()["mixture_share_per_stratum"]["disk_loss"] == share  # durability.json shows it
     (fig,) = est.figures()
     exact = 3 * afr * (absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S) if mechanism == "faults pile up"
                        else 1.0)
