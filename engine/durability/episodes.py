@@ -89,7 +89,7 @@ class Biasing:
     max_biased_steps: int = 4  # biased decision points per episode; then the model's law alone
     max_biased_faults: int = 2
     max_faults: int = 32  # a safety stop; an episode reaching it is counted as truncated
-    defensive: float = 0.3  # share δ of episodes drawn from the model itself, until the estimator adapts it
+    defensive: float = 0.0  # share δ of episodes drawn from the model itself (0: forcing alone; see run.py)
 
     @property
     def forcing_max_weight(self) -> float:

@@ -35,6 +35,8 @@ MIN_PER_STRATUM = 8
 #: The mixture shares δ a stratum may adapt to: at least 10 % forced episodes (a rare loss mechanism stays in
 #: sight) and 10 % drawn from the model (every weight at most 10).
 DEFENSIVE_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: The share every stratum starts with, until it has MIN_PER_STRATUM episodes.
+DEFENSIVE_START = 0.3
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class DurabilitySpec:
     scenario: Scenario
     rates: Rates
     policies: tuple[Policy, ...]
-    biasing: Biasing = Biasing()
+    biasing: Biasing = Biasing(defensive=DEFENSIVE_START)
     shape: TraceShape = TraceShape()
     seed: int = 0
 

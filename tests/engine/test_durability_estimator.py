@@ -256,7 +256,9 @@ def test_defensive_mixture_bounds_the_weights_of_losses_the_initial_fault_alone_
     rates = load_rates()
     rack_of = {b: f"r{b % 3}" for b in range(6)}
     relvar = {}
-    for alpha in (0.0, Biasing().defensive):
+    from engine.durability.run import DEFENSIVE_START
+
+    for alpha in (0.0, DEFENSIVE_START):
         sampler = EpisodeSampler(rates, rack_of, Biasing(defensive=alpha))
         crash = sampler.index["crash"]
         w = np.array([sampler.sample(crash, np.random.default_rng([23, i])).weight(sampler.per_second)
@@ -264,8 +266,8 @@ def test_defensive_mixture_bounds_the_weights_of_losses_the_initial_fault_alone_
         assert abs(w.mean() - 1) <= Z95 * w.std(ddof=1) / math.sqrt(len(w))  # E_q[W] = 1: unbiased
         assert w.max() <= sampler.biasing.max_weight
         relvar[alpha] = w.var(ddof=1) / w.mean() ** 2
-    mixed = Biasing().defensive
-    assert Biasing().max_weight == pytest.approx(1 / mixed)
+    mixed = DEFENSIVE_START
+    assert Biasing(defensive=mixed).max_weight == pytest.approx(1 / mixed)
     assert relvar[mixed] <= 1 / mixed - 1 + 0.2 and relvar[0.0] > 2 * relvar[mixed], relvar
 
 
