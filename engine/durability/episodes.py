@@ -43,7 +43,8 @@ alone causes has a relative variance per episode of at most 1/δ − 1, and the 
 nearly constant ratio, divided by 1 − δ (their variance grows by at most 1 / (1 − δ); 15 % at δ = 0.3 in the
 Markov check). Each episode keeps log(f / m) over its biased steps (`Episode.log_forcing_ratio`), so its weight
 under any other share follows (`mixture_weight`), which is how the estimator adapts δ per stratum
-(`engine.durability.run.Estimate.defensive_shares`).
+(`engine.durability.run.Estimate.defensive_shares`). The sampler's own default is δ = 0, forcing alone: the
+Markov checks validate it as such, and the estimator sets δ for every episode it draws.
 
 The biased choices depend only on the past, so an episode's likelihood ratio is its density under the model,
 Π λ_i^{n_i} · exp(−Σ λ_i·exposure_i), over its density under the sampler (`log_q`, the product of the chances
