@@ -4,6 +4,7 @@
     python -m bench.durability_bench --budget-s 600 --json out.json     # the target's budget
     python -m bench.durability_bench --budget-s 90                      # a short look
     python -m bench.durability_bench --cluster-episodes 48              # Spark: 2-worker standalone vs local[1]
+    python -m bench.durability_bench --budget-s 240 --rows rows.json    # every episode, for bench.durability_diagnose
 
 The estimator runs in-process on one core (`engine.durability.run`, the same episodes and figures a Spark run
 gives; a Spark run spreads the rounds over its cores), in rounds of `--batch` episodes, until the budget of wall
@@ -44,7 +45,7 @@ class DurabilityRow:
     rel_half_width: dict[str, float | None] = field(default_factory=dict)
 
 
-def run(budget_s: float, batch: int, seed: int) -> DurabilityRow:
+def run(budget_s: float, batch: int, seed: int, rows_out: str | None = None) -> DurabilityRow:
     from engine.durability.run import DurabilitySpec, Estimate, episode_rows, next_work
     from generators.library import resolve_scenario
     from generators.rates import load_rates
@@ -57,6 +58,11 @@ def run(budget_s: float, batch: int, seed: int) -> DurabilityRow:
     while time.monotonic() - started < budget_s:
         est.rows.extend(episode_rows(spec, next_work(est, batch)))
     wall = time.monotonic() - started
+    if rows_out:  # every episode's likelihood statistics and verdicts, for `durability_diagnose`
+        import json
+
+        with open(rows_out, "w") as f:
+            json.dump({"policies": [pre.name for pre, _ in pairs], "seed": seed, "rows": est.rows}, f)
     figures = est.figures()
     cpu = sum(r["cpu_seconds"] for r in est.rows)
     rel = {pre.name: (None if f["bounded"] else f["relative_half_width"]) for (pre, _), f in
@@ -148,6 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="episodes per round (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write the row as JSON")
+    parser.add_argument("--rows", default=None, metavar="FILE",
+                        help="write every episode (likelihood statistics, per-policy verdicts) as JSON")
     parser.add_argument("--cluster-episodes", type=int, default=0, metavar="N",
                         help="time N episodes of the Spark job on local[1] and on a 2-worker standalone cluster")
     args = parser.parse_args(argv)
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
                  f"| {row.episodes} | {row.local1_wall_s:.1f} | {row.cluster_wall_s:.1f} | {row.speedup:.2f}× | "
                  f"{row.load_average:.1f} |")
         return emit([row], table, args.json)
-    rows = [run(args.budget_s, args.batch, args.seed)]
+    rows = [run(args.budget_s, args.batch, args.seed, args.rows)]
     return emit(rows, markdown(rows), args.json)
 
 

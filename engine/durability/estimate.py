@@ -14,9 +14,9 @@ error is much smaller and left out), mapped through 1 − exp(−·).
 
 When no sampled episode of a policy lost anything, the estimate would be 0; the page shows a proven upper
 bound instead, the **weighted zero-failure bound**: within stratum k, E_p[L] = E_q[W·L] ≤ w_max·Q(L), where
-w_max bounds every likelihood ratio (`episodes.Biasing.max_weight`) and Q(L), the chance that a sampled
-episode loses, is at most 1 − (α/K)^(1/n_k) with confidence 1 − α/K after n_k loss-free episodes
-(Clopper-Pearson); a union bound over the K strata keeps the whole at 1 − α.
+w_max bounds every likelihood ratio (`run.Estimate.max_weight`: 1/δ for the smallest mixture share used) and
+Q(L), the chance that a sampled episode loses, is at most 1 − (α/K)^(1/n_k) with confidence 1 − α/K after n_k
+loss-free episodes (Clopper-Pearson); a union bound over the K strata keeps the whole at 1 − α.
 """
 
 from __future__ import annotations
@@ -74,24 +74,34 @@ def renewal_denominator(strata: list[Stratum]) -> float:
     return out
 
 
-def yearly(strata: list[Stratum], column: str, policy: int) -> tuple[float, float]:
-    """(rate per year, its standard error) of a verdict column for one policy.
+def stratum_moments(s: Stratum, column: str, policy: int) -> tuple[float, float]:
+    """(mean of w·y, variance of that mean) of a verdict column for one policy in one stratum.
 
-    For the loss indicator, a stratum whose episodes all agree (every whole-cluster power loss loses a policy
-    without fsync, and nothing can strike inside it, so every weight is 1) has a sample variance of 0 and would
-    claim no error; it gets w̄²·p̃(1 − p̃)/n instead, p̃ = (x + 2)/(n + 4) (Agresti-Coull's, x losing episodes
-    of n, w̄ the mean weight).
+    For the loss indicator, a stratum whose episodes all lost with the same weight (every whole-cluster power
+    loss loses a policy without fsync, and nothing can strike inside it, so every weight is 1) has a sample
+    variance of 0 and would claim no error; it gets w̄²·p̃(1 − p̃)/n instead, p̃ = (x + 2)/(n + 4)
+    (Agresti-Coull's, x = n losing episodes, w̄ the mean weight). A stratum where the policy lost nothing adds
+    nothing to its estimate nor to its variance, as in any importance-sampling estimate: a floor there would
+    assume an unseen loss carries the mean weight w̄, where the losses the sampler makes rare carry weights
+    orders of magnitude smaller, and it would bury every rarely-losing policy's interval under the most
+    frequent strata's Λ_k/n_k. When a policy lost nothing anywhere, the weighted zero-failure bound applies.
     """
+    y = getattr(s, column)[:, policy].astype(np.float64)
+    m, v = _mean_var(s.weights, y)
+    if column == "lost" and v == 0 and s.n and m > 0:
+        x = float(y.sum())
+        pt = (x + 2) / (s.n + 4)
+        v = float(s.weights.mean()) ** 2 * pt * (1 - pt) / s.n
+    return m, v
+
+
+def yearly(strata: list[Stratum], column: str, policy: int) -> tuple[float, float]:
+    """(rate per year, its standard error) of a verdict column for one policy (`stratum_moments` per stratum)."""
     a, var = 0.0, 0.0
     for s in strata:
         if s.n == 0 or s.per_year == 0:
             continue
-        y = getattr(s, column)[:, policy].astype(np.float64)
-        m, v = _mean_var(s.weights, y)
-        if column == "lost" and v == 0:
-            x = float(y.sum())
-            pt = (x + 2) / (s.n + 4)
-            v = float(s.weights.mean()) ** 2 * pt * (1 - pt) / s.n
+        m, v = stratum_moments(s, column, policy)
         a += s.per_year * m
         var += s.per_year**2 * v
     return a, math.sqrt(var)

@@ -30,7 +30,8 @@ from engine.durability.run import DurabilitySpec, Estimate, episode_rows, next_w
 worker_imports.install()
 
 ROW_SCHEMA = pa.schema([
-    ("stratum", pa.int32()), ("episode", pa.int64()), ("log_q", pa.float64()), ("counts", pa.list_(pa.float64())),
+    ("stratum", pa.int32()), ("episode", pa.int64()), ("log_q", pa.float64()), ("log_forcing_ratio", pa.float64()),
+    ("defensive", pa.float64()), ("counts", pa.list_(pa.float64())),
     ("exposure_s", pa.list_(pa.float64())), ("length_s", pa.float64()), ("faults", pa.int32()),
     ("max_down", pa.int32()), ("truncated", pa.bool_()), ("recovery_n", pa.list_(pa.float64())),
     ("recovery_sum", pa.list_(pa.float64())), ("recovery_log_sum", pa.list_(pa.float64())),
@@ -38,7 +39,8 @@ ROW_SCHEMA = pa.schema([
     ("acked_lost", pa.list_(pa.float64())), ("unavailable_s", pa.list_(pa.float64())),
     ("failed_committed", pa.list_(pa.float64())), ("cpu_seconds", pa.float64()),
 ])
-ROW_DDL = ("stratum INT, episode BIGINT, log_q DOUBLE, counts ARRAY<DOUBLE>, exposure_s ARRAY<DOUBLE>, "
+ROW_DDL = ("stratum INT, episode BIGINT, log_q DOUBLE, log_forcing_ratio DOUBLE, defensive DOUBLE, "
+           "counts ARRAY<DOUBLE>, exposure_s ARRAY<DOUBLE>, "
            "length_s DOUBLE, faults INT, max_down INT, truncated BOOLEAN, recovery_n ARRAY<DOUBLE>, "
            "recovery_sum ARRAY<DOUBLE>, recovery_log_sum ARRAY<DOUBLE>, lost ARRAY<BOOLEAN>, "
            "acked_lost ARRAY<DOUBLE>, unavailable_s ARRAY<DOUBLE>, failed_committed ARRAY<DOUBLE>, cpu_seconds DOUBLE")
@@ -48,21 +50,22 @@ SUCCEEDED = "succeeded"
 
 
 def episodes_task(spec: DurabilitySpec):
-    """mapInArrow function: rows of (stratum, episode) → ROW_DDL rows."""
+    """mapInArrow function: rows of (stratum, episode, mixture share) → ROW_DDL rows."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            work = list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True))
+            work = list(zip(*(batch.column(c).to_pylist() for c in range(3)), strict=True))
             if work:
                 yield pa.RecordBatch.from_pylist(episode_rows(spec, work), schema=ROW_SCHEMA)
 
     return fn
 
 
-def run_round(spark, spec: DurabilitySpec, work: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+def run_round(spark, spec: DurabilitySpec, work: Sequence[tuple[int, int, float]]) -> list[dict[str, Any]]:
     sc = spark.sparkContext
     tasks = max(1, min(len(work), 4 * sc.defaultParallelism))
-    df = spark.createDataFrame([(int(k), int(i)) for k, i in work], "stratum INT, episode BIGINT").repartition(tasks)
+    df = spark.createDataFrame([(int(k), int(i), float(d)) for k, i, d in work],
+                               "stratum INT, episode BIGINT, defensive DOUBLE").repartition(tasks)
     return df.mapInArrow(episodes_task(spec), ROW_DDL).toArrow().cast(ROW_SCHEMA).to_pylist()
 
 
@@ -110,7 +113,8 @@ class DurabilityReport:
 def method_text(spec: DurabilitySpec) -> str:
     b = spec.biasing
     return (f"regenerative episodes stratified by initial fault; failure biasing with forcing q={b.q:g}, "
-            f"cap {b.cap:g}, {b.max_biased_faults} biased faults in {b.max_biased_steps} steps; "
+            f"cap {b.cap:g}, {b.max_biased_faults} biased faults in {b.max_biased_steps} steps, in a defensive "
+            f"mixture with the model (share {b.defensive:g}); "
             f"traces compressed to gaps <= {spec.shape.max_gap_s:g} s at {spec.shape.trace_rate_per_s:g} msg/s")
 
 

@@ -7,6 +7,7 @@ draws from its own random stream (seed, k, i), so a result does not depend on ho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -15,8 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from engine.durability.episodes import Biasing, Episode, EpisodeSampler, initial_rates_per_year, recovery_log_ratio
-from engine.durability.estimate import Stratum, policy_figures, weight_diagnostics
+from engine.durability.episodes import (
+    Biasing,
+    Episode,
+    EpisodeSampler,
+    initial_rates_per_year,
+    mixture_weight,
+    recovery_log_ratio,
+)
+from engine.durability.estimate import Stratum, policy_figures, stratum_moments, weight_diagnostics
 from engine.durability.judge import TraceShape, Verdict, base_scenario, judge_episode
 from generators.model import Dist, DistKind, Scenario
 from generators.rates import Rates
@@ -24,6 +32,11 @@ from replay.policies import Policy
 
 #: Episodes every stratum gets before the estimate may stop on its relative error.
 MIN_PER_STRATUM = 8
+#: The mixture shares δ a stratum may adapt to: at least 10 % forced episodes (a rare loss mechanism stays in
+#: sight) and 10 % drawn from the model (every weight at most 10).
+DEFENSIVE_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: The share every stratum starts with, until it has MIN_PER_STRATUM episodes.
+DEFENSIVE_START = 0.3
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,7 @@ class DurabilitySpec:
     scenario: Scenario
     rates: Rates
     policies: tuple[Policy, ...]
-    biasing: Biasing = Biasing()
+    biasing: Biasing = Biasing(defensive=DEFENSIVE_START)
     shape: TraceShape = TraceShape()
     seed: int = 0
 
@@ -58,18 +71,20 @@ def kernel_judge(spec: DurabilitySpec) -> Judge:
     return judge
 
 
-def episode_rows(spec: DurabilitySpec, work: Iterable[tuple[int, int]], judge: Judge | None = None
-                 ) -> list[dict[str, Any]]:
-    """Sample and judge episodes (stratum, index): one row per episode, every policy's verdict in lists."""
+def episode_rows(spec: DurabilitySpec, work: Iterable[tuple[int, int] | tuple[int, int, float]],
+                 judge: Judge | None = None) -> list[dict[str, Any]]:
+    """Sample and judge episodes (stratum, index[, mixture share δ]): one row per episode, every policy's
+    verdict in lists."""
     sampler = spec.sampler()
     judge = judge or kernel_judge(spec)
     rows = []
-    for k, i in work:
+    for k, i, *delta in work:
         started = time.process_time()
-        ep = sampler.sample(k, np.random.default_rng([spec.seed, k, i]))
+        ep = sampler.sample(k, np.random.default_rng([spec.seed, k, i]), delta[0] if delta else None)
         verdicts = judge(ep, k, i)
         rows.append({
-            "stratum": k, "episode": i, "log_q": ep.log_q, "counts": ep.counts.tolist(),
+            "stratum": k, "episode": i, "log_q": ep.log_q, "log_forcing_ratio": ep.log_forcing_ratio,
+            "defensive": ep.defensive, "counts": ep.counts.tolist(),
             "exposure_s": ep.exposure_s.tolist(), "length_s": ep.length_s, "faults": len(ep.events),
             "max_down": ep.max_down, "truncated": ep.truncated, "recovery_n": ep.recovery_n.tolist(),
             "recovery_sum": ep.recovery_sum.tolist(), "recovery_log_sum": ep.recovery_log_sum.tolist(),
@@ -133,27 +148,88 @@ class Estimate:
 
     def figures(self, rates: Rates | None = None, recovery: dict[str, float] | None = None) -> list[dict[str, Any]]:
         strata = self.strata(rates, recovery)
-        return [policy_figures(strata, j, self.spec.biasing.max_weight) for j in range(len(self.spec.policies))]
+        return [policy_figures(strata, j, self.max_weight()) for j in range(len(self.spec.policies))]
+
+    def max_weight(self) -> float:
+        """The largest likelihood ratio any episode's sampling law allows (the mixture shares used so far)."""
+        shares = {r.get("defensive", self.spec.biasing.defensive) for r in self.rows} or {self.spec.biasing.defensive}
+        return max(dataclasses.replace(self.spec.biasing, defensive=d).max_weight for d in shares)
+
+    def defensive_shares(self) -> list[float]:
+        """The mixture share δ_k of each stratum's next episodes (He & Owen, "Optimal mixture weights in multiple
+        importance sampling", 2014): the share in DEFENSIVE_GRID that minimises the policies' relative
+        variances Σ_j ρ_j·Var_δ(w·L)/R_j² (ρ_j and R_j as in `allocation`). The second moment a share δ' would
+        give is estimated from the episodes already drawn, whatever their own share δ_i:
+        E_δ'[w_δ'²·L] = E_δi[w_δ'·w_δi·L], with w_δ' = 1 / (δ' + (1 − δ')·f/m) from each episode's log(f/m).
+        Each round's share depends only on earlier rounds, so every episode stays unbiased given it."""
+        strata = self.strata()
+        default = self.spec.biasing.defensive
+        if self.spec.biasing.q <= 0 or any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata):
+            return [default] * len(strata)
+        rate, rho, _ = self._relative_weights(strata)
+        live = np.flatnonzero(rate > 0)
+        if not len(live):
+            return [default] * len(strata)
+        out = []
+        for k, s in enumerate(strata):
+            rs = [r for r in self.rows if r["stratum"] == k]
+            if s.per_year <= 0 or not rs:
+                out.append(default)
+                continue
+            ratio = np.array([r.get("log_forcing_ratio", 0.0) for r in rs])
+            if not ratio.any():  # nothing was ever biased here (a whole-cluster power loss): keep the default
+                out.append(default)
+                continue
+            z = s.weights[:, None] * s.lost[:, live]  # (n, live policies)
+            best, best_cost = default, math.inf
+            for d in DEFENSIVE_GRID:
+                w_d = np.array([mixture_weight(d, x) for x in ratio])
+                second = (w_d[:, None] * s.weights[:, None] * s.lost[:, live]).mean(axis=0)
+                cost = float((rho[live] * (second - z.mean(axis=0) ** 2) / rate[live] ** 2).sum())
+                if cost < best_cost:
+                    best, best_cost = d, cost
+            out.append(best)
+        return out
 
     def allocation(self, batch: int) -> list[int]:
-        """Episodes per stratum for the next round: Neyman-like, ∝ Λ_k × the largest relative spread any policy
-        has there, at least one each (strata with Λ_k = 0 get none)."""
+        """Episodes per stratum for the next round, at least one each (strata with Λ_k = 0 get none).
+
+        Until every stratum has MIN_PER_STRATUM episodes, the short ones share the round. Then Neyman allocation
+        (Cochran, Sampling Techniques, §5.5) for the policies' *relative* variances: policy j's estimate of its
+        yearly loss rate R_j has relative variance Σ_k Λ_k²·s_kj² / (n_k·R_j²) (s_kj: the spread of w·L among
+        stratum k's episodes, `stratum_moments`), and n_k ∝ Λ_k·sqrt(Σ_j ρ_j·s_kj²/R_j²) minimises
+        Σ_j ρ_j·RelVar_j for a given number of episodes. The weights ρ_j are the policies' current relative
+        variances, so the policies farthest from the target, which decide when the run may stop, get the most: a
+        pooled spread would let the policies with the largest absolute rate (everything that loses on any crash)
+        take the episodes the rarest-losing ones need. The allocation depends on the episodes alone, not on their
+        CPU time, so a seed gives the same episodes on any machine.
+        """
         strata = self.strata()
-        need = []
-        for s in strata:
-            if s.per_year <= 0:
-                need.append(0.0)
-                continue
-            if s.n < MIN_PER_STRATUM:
-                need.append(math.inf)
-                continue
-            z = s.weights[:, None] * s.lost
-            spread = z.std(axis=0, ddof=1).max()
-            need.append(s.per_year * max(spread, 1e-12) / math.sqrt(s.n))
-        if any(math.isinf(x) for x in need):
-            return [math.ceil(batch / sum(math.isinf(x) for x in need)) if math.isinf(x) else 0 for x in need]
-        total = sum(need)
-        return [max(1, round(batch * x / total)) if x > 0 else 0 for x in need]
+        if any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata):
+            short = [s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata]
+            return [math.ceil(batch / sum(short)) if x else 0 for x in short]
+        per_year = np.array([s.per_year for s in strata])
+        rate, rho, spread2 = self._relative_weights(strata)
+        live = rate > 0
+        need = per_year * np.sqrt((spread2[:, live] / rate[live] ** 2 * rho[None, live]).sum(axis=1))
+        total = float(need.sum())
+        if total <= 0:
+            return [max(1, round(batch / len(strata))) if x > 0 else 0 for x in per_year]
+        return [max(1, round(batch * x / total)) if p > 0 else 0 for x, p in zip(need, per_year, strict=True)]
+
+    def _relative_weights(self, strata: list[Stratum]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per policy: the yearly loss rate R_j and its current relative variance ρ_j (0 where R_j = 0); per stratum
+        and policy, the spread² s_kj² of w·L (`stratum_moments`)."""
+        n_pol = len(self.spec.policies)
+        moments = [[stratum_moments(s, "lost", j) if s.per_year > 0 else (0.0, 0.0) for j in range(n_pol)]
+                   for s in strata]
+        rate = np.array([sum(s.per_year * moments[k][j][0] for k, s in enumerate(strata)) for j in range(n_pol)])
+        spread2 = np.array([[s.n * v for _, v in row] for s, row in zip(strata, moments, strict=True)])  # (K, J)
+        per_year = np.array([s.per_year for s in strata])
+        n = np.array([max(s.n, 1) for s in strata])
+        safe = np.where(rate > 0, rate, 1.0)
+        rho = np.where(rate > 0, (per_year[:, None] ** 2 * spread2 / n[:, None]).sum(axis=0) / safe**2, 0.0)
+        return rate, rho, spread2
 
     def relative_error(self) -> float:
         """The worst relative half-width of P(loss) over policies that lost something (inf if none did, or while a
@@ -169,16 +245,19 @@ class Estimate:
         return {**weight_diagnostics(strata), "episodes_per_stratum": {p.name: s.n for p, s in
                                                                      zip(self.spec.rates.processes, strata,
                                                                          strict=True)},
+                "mixture_share_per_stratum": {p.name: d for p, d in zip(self.spec.rates.processes,
+                                                                         self.defensive_shares(), strict=True)},
                 "cpu_seconds": cpu, "episodes_per_cpu_second": len(self.rows) / cpu if cpu else None,
                 "truncated": int(sum(r["truncated"] for r in self.rows))}
 
 
-def next_work(est: Estimate, batch: int) -> list[tuple[int, int]]:
-    """The (stratum, index) pairs of the next round."""
+def next_work(est: Estimate, batch: int) -> list[tuple[int, int, float]]:
+    """The (stratum, index, mixture share δ) of the next round's episodes."""
     done = {k: 0 for k in range(len(est.spec.rates.processes))}
     for r in est.rows:
         done[r["stratum"]] = max(done[r["stratum"]], r["episode"] + 1)
-    return [(k, done[k] + i) for k, n in enumerate(est.allocation(batch)) for i in range(n)]
+    shares = est.defensive_shares()
+    return [(k, done[k] + i, shares[k]) for k, n in enumerate(est.allocation(batch)) for i in range(n)]
 
 
 #: Rate multipliers the sensitivity tables re-weight to (per process; disk AFR spans 0.5 %-13 % as drive stats do).

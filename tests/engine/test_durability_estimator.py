@@ -243,3 +243,109 @@ def test_recovery_ratio_from_sums_equals_the_density_ratio_of_the_draws():
         recovery_log_ratio(ex, 2.0, len(y), y.sum(), np.log(y).sum())
     with pytest.raises(ValueError, match="uniform"):
         recovery_log_ratio(Dist(DistKind.UNIFORM, min=1.0, max=2.0), 2.0, 1, 1.5, math.log(1.5))
+
+
+def test_defensive_mixture_bounds_the_weights_of_losses_the_initial_fault_alone_causes():
+    """Where the initial fault alone loses (acks=1, asynchronous replication, page cache under a power loss), every
+    episode loses and the estimate of E[L | k] = 1 is the mean weight. Forcing alone draws a further fault in most
+    episodes, so the probability rests on the few unforced ones, weighted up to 1 / (1 − cap) per step: a relative
+    variance per episode of 3-4. Drawing a share δ of episodes from the model itself (Hesterberg's defensive
+    mixture, balance heuristic) bounds every weight by 1/δ and that variance by 1/δ − 1."""
+    from generators.rates import load_rates
+
+    rates = load_rates()
+    rack_of = {b: f"r{b % 3}" for b in range(6)}
+    relvar = {}
+    from engine.durability.run import DEFENSIVE_START
+
+    for alpha in (0.0, DEFENSIVE_START):
+        sampler = EpisodeSampler(rates, rack_of, Biasing(defensive=alpha))
+        crash = sampler.index["crash"]
+        w = np.array([sampler.sample(crash, np.random.default_rng([23, i])).weight(sampler.per_second)
+                      for i in range(1500)])
+        assert abs(w.mean() - 1) <= Z95 * w.std(ddof=1) / math.sqrt(len(w))  # E_q[W] = 1: unbiased
+        assert w.max() <= sampler.biasing.max_weight
+        relvar[alpha] = w.var(ddof=1) / w.mean() ** 2
+    mixed = DEFENSIVE_START
+    assert Biasing(defensive=mixed).max_weight == pytest.approx(1 / mixed)
+    assert relvar[mixed] <= 1 / mixed - 1 + 0.2 and relvar[0.0] > 2 * relvar[mixed], relvar
+
+
+def test_a_stratum_without_losses_adds_no_variance_and_one_where_all_lost_keeps_a_floor():
+    """Agresti-Coull's floor applies where every episode lost with one weight (the spread would claim no error);
+    a stratum where the policy lost nothing contributes neither estimate nor variance."""
+    from engine.durability.estimate import stratum_moments
+
+    n = 20
+    ones, zeros = np.ones((n, 1), dtype=bool), np.zeros((n, 1))
+    all_lost = Stratum(0.5, np.ones(n), np.ones(n), ones, zeros, zeros, zeros)
+    none_lost = Stratum(12.0, np.ones(n), np.ones(n), ~ones, zeros, zeros, zeros)
+    assert stratum_moments(none_lost, "lost", 0) == (0.0, 0.0)
+    m, v = stratum_moments(all_lost, "lost", 0)
+    assert m == 1.0 and v == pytest.approx((22 / 24) * (2 / 24) / n)
+    a, se = yearly([all_lost, none_lost], "lost", 0)
+    assert a == 0.5 and se == pytest.approx(0.5 * math.sqrt(v))
+
+
+def test_allocation_serves_the_policy_farthest_from_its_relative_target():
+    """Two policies: one loses in every crash episode (a large rate, settled), the other only now and then in disk
+    losses (a rate 10⁴ times smaller, its relative error large). Neyman allocation on the policies' relative
+    variances sends most of a round to the disk-loss stratum; a pooled absolute spread would send it to crashes."""
+    from engine.durability.run import MIN_PER_STRATUM, DurabilitySpec, Estimate
+    from generators.library import resolve_scenario
+    from generators.rates import load_rates
+    from replay.policies import parse_policy
+
+    rates = load_rates()
+    spec = DurabilitySpec(resolve_scenario("demo"), rates, (parse_policy("kafka-acks1"), parse_policy("dledger-5")))
+    est = Estimate(spec)
+    disk = rates.names.index("disk_loss")
+    zero = [0.0] * len(rates.processes)
+    rng = np.random.default_rng(1)
+    for k, p in enumerate(rates.processes):
+        for i in range(MIN_PER_STRATUM * 2):
+            first = p.name == "crash"
+            second = k == disk and i % 5 == 0
+            weight = float(rng.uniform(0.5, 1.5)) if first else 1e-4 * float(rng.uniform(0.2, 5.0))
+            est.rows.append({"stratum": k, "episode": i, "log_q": -math.log(weight), "counts": zero,
+                             "exposure_s": zero, "length_s": 60.0, "recovery_n": zero, "recovery_sum": zero,
+                             "recovery_log_sum": zero, "lost": [first, second], "acked_lost": [0.0, 0.0],
+                             "unavailable_s": [0.0, 0.0], "failed_committed": [0.0, 0.0], "cpu_seconds": 1.0})
+    plan = est.allocation(64)
+    assert plan[disk] == max(plan) and plan[disk] >= 0.8 * sum(plan), plan
+    assert all(x >= 1 for x, p in zip(plan, rates.processes, strict=True) if p.per_year > 0)
+
+
+@pytest.mark.parametrize("mechanism", ["faults pile up", "initial fault alone"])
+def test_mixture_share_adapts_to_the_loss_mechanism(mechanism):
+    """The share δ of episodes drawn from the model adapts per stratum to what the policies' losses need: little
+    (0.1, the least allowed) where a loss takes three disk losses before a rebuild (the Markov chain), most (0.9)
+    where every episode loses on its initial fault. The estimate stays on the exact value either way."""
+    import dataclasses
+
+    from engine.durability.judge import Verdict
+    from engine.durability.run import DEFENSIVE_GRID, DurabilitySpec, estimate_local
+    from generators.library import resolve_scenario
+    from replay.policies import parse_policy
+    from schemas.trace import Broker
+
+    demo = resolve_scenario("demo")
+    scenario = dataclasses.replace(demo, brokers=tuple(Broker(b, r) for b, r in BROKERS.items()))
+    afr = afr_for(1e-6)
+    spec = DurabilitySpec(scenario, disk_only_rates(afr, REPAIR_MEAN_S), (parse_policy("kafka-durable"),), seed=4)
+
+    def judge(ep, k, i):
+        return [Verdict(ep.max_down == 3 if mechanism == "faults pile up" else True, 0.0, 0.0, 0.0)]
+
+    est = estimate_local(spec, episodes=600, batch=300, judge=judge)
+    disk = spec.rates.names.index("disk_loss")
+    assert {r["defensive"] for r in est.rows[300:]} == {est.rows[300]["defensive"]}  # one share per round
+    share = est.rows[300]["defensive"]
+    assert share == (DEFENSIVE_GRID[0] if mechanism == "faults pile up" else DEFENSIVE_GRID[-1]), share
+    assert est.summary()["mixture_share_per_stratum"]["disk_loss"] == share  # durability.json shows it
+    (fig,) = est.figures()
+    exact = 3 * afr * (absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S) if mechanism == "faults pile up"
+                       else 1.0)
+    rate = fig["losing_episodes_per_year"]
+    den = 1 + 3 * afr * np.mean([r["length_s"] for r in est.rows if r["stratum"] == disk]) / SECONDS_PER_YEAR
+    assert rate["low"] * den <= exact <= rate["high"] * den, (rate, exact)
