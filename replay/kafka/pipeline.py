@@ -6,7 +6,7 @@ message the moment it was produced. This module turns that instant into the one 
 - K-7 (acks=0, acks=1): the batch leaves linger_ms after the message and the answer comes back one round trip
   (manifest `client_round_trip_us`) after the leader's append; acks=0 counts a message as sent when its batch leaves.
 - K-6 (acks=all): the client's per-connection pipeline. The broker serves one request per connection at a time
-  (`SocketServer` mutes the channel until the response is sent) and an acks=all request is answered at the first
+  (`SocketServer` mutes the channel until the response is sent), a round trip at least (`next_turn`), and an acks=all request is answered at the first
   instant every ISR follower has fetched past its records (`DelayedProduce`, `Partition.maybeIncrementLeaderHW`).
   The followers fetch all partitions of one leader in one request, so every partition of that leader sees the same
   fetch instants: the trace's `replicate` events of this partition. A partition's next request is read once the
@@ -116,6 +116,15 @@ class ClientPipeline:
             return np.zeros(0, np.int64)
         at = np.unique(self.leadership.unclean_us + self.policy.client_failover_ms * MS + self.round_trip_us)
         return at[at <= self.duration_us]
+
+    def producer_ends(self, produce_us: np.ndarray) -> np.ndarray:
+        """Per message, the instant its producer fails (SPEC §3.7 K-8): the first of `fatal_us` after the message is
+        produced (a message produced at a fatal instant belongs to the new producer), NEVER if none."""
+        at = self.fatal_us()
+        if not len(at):
+            return np.full(len(produce_us), NEVER, np.int64)
+        k = np.searchsorted(at, produce_us, side="right")
+        return np.where(k < len(at), at[np.minimum(k, len(at) - 1)], NEVER)
 
     @property
     def gap_us(self) -> int:
@@ -234,7 +243,7 @@ class ClientPipeline:
             order, prod, eng, ok, sizes, *rest = self.inputs(rec, rows)
             planned, made = planner(prod, eng, ok, sizes, linger, self.round_trip_us, *self.turn_steps(rows),
                                     self.gap_us, p.max_in_flight_requests_per_connection, p.batch_size, *rest)
-            unsent = ok & (made > np.minimum(self.duration_us, prod + timeout))
+            unsent = ok & ((made > np.minimum(self.duration_us, prod + timeout)) | (made >= self.producer_ends(prod)))
             if isinstance(order, slice):
                 ack = planned
             else:
@@ -248,10 +257,10 @@ class ClientPipeline:
 
     @staticmethod
     def never_sent(rec: MessageRecords, unsent: np.ndarray) -> MessageRecords:
-        """SPEC §3.7 K-6: a message whose request would be made after the trace's end, or after its delivery
-        timeout ran out, never left the client (the queue is purged at the end, SPEC §4.1; librdkafka drops an
-        expired message from its queue unsent): it was never appended, whatever the engine appended at its
-        produce event."""
+        """SPEC §3.7 K-6: a message whose request would be made after the trace's end, after its delivery
+        timeout ran out, or once its producer failed (K-8) never left the client (the queue is purged at the end,
+        SPEC §4.1; librdkafka drops an expired message from its queue unsent, and a fatal error purges the queues):
+        it was never appended, whatever the engine appended at its produce event."""
         if not unsent.any():
             return rec
         epoch, offset, visible = rec.pos_epoch.copy(), rec.pos_offset.copy(), rec.visible_us.copy()
@@ -281,13 +290,12 @@ class ClientPipeline:
         """SPEC §3.7 K-8. A message belongs to the producer that is live when it is produced, which fails at the first
         of `fatal_us` after that instant; if the message is not answered by then (acknowledged later, pending at
         the end, or failed later: every failure comes at the delivery deadline) it fails then with
-        out_of_order_sequence_number. Its fate is the engine's."""
-        at = self.fatal_us()
-        if not len(at) or not len(rec.msg_id):
+        out_of_order_sequence_number. Its fate is the engine's, unless its request was made only once the producer
+        had failed: then it was never sent (`apply`, `never_sent`)."""
+        f = self.producer_ends(rec.produce_us)
+        if not len(rec.msg_id) or not (f != NEVER).any():
             return rec
-        k = np.searchsorted(at, rec.produce_us, side="right")
-        f = at[np.minimum(k, len(at) - 1)]
-        held = (k < len(at)) & (
+        held = (f != NEVER) & (
             ((rec.status == int(Status.ACKED)) & (rec.ack_us > f))
             | (rec.status == int(Status.PENDING))
             | ((rec.status == int(Status.FAILED)) & (rec.produce_us + timeout > f)))
@@ -343,6 +351,15 @@ def next_cycle(s: int, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st
     return NEVER
 
 
+def next_turn(read: int, answer: int, gap: int, rtt: int) -> int:
+    """When the connection reads its next request (SPEC §3.7 K-6): after the answer of the one read at `read` (plus
+    the round trip with one slot: the next request is made only then), and no earlier than a round trip after
+    `read`: the broker mutes a connection from a request's read until its response is sent (`SocketServer`), and
+    the round trip is almost all the broker's queueing, append and response, so even a request answered at once
+    holds its connection that long."""
+    return max(answer + gap, read + rtt)
+
+
 def turns_at(t: int, tn_ts, tn) -> int:
     """T of SPEC §3.7 K-6 at instant t, from the steps of `ClientPipeline.turn_steps`."""
     return int(tn[max(int(np.searchsorted(tn_ts, t, side="right")) - 1, 0)])
@@ -351,10 +368,10 @@ def turns_at(t: int, tn_ts, tn) -> int:
 def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
                   st_ts, st_mask, st_lead, st_live, st_from) -> tuple[np.ndarray, np.ndarray]:
     """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
-    s = max(first waiting message + linger_ms, the partition's turn). It was made when one of the connection's
-    `slots` (max_in_flight_requests_per_connection) freed: at the answer `slots` requests earlier on the
-    connection (this partition's and the other turns' alike; with one slot, plus the round trip: s itself), or at
-    its first message if a slot was free then. It carries the messages waiting when it was made, up to batch_size
+    s = max(its first message's send, the partition's turn, when it was made). It was made when one of the
+    connection's `slots` (max_in_flight_requests_per_connection) freed: a round trip after the answer `slots`
+    requests earlier on the connection (this partition's and the other turns' alike), when that answer reaches the
+    client, or at its first message if a slot was free then. It carries the messages waiting when it was made, up to batch_size
     bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
     wait at that answer, the connection's other T − 1 requests go first, a fetch cycle each, T as at that answer
@@ -383,8 +400,10 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
         del answers[:-slots]
         if len(answers) < slots:
             made = int(prod[i])
-        else:  # a slot frees at an answer; one no fetch of the trace gives never frees within it
-            made = NEVER if answers[0] == NEVER else max(int(prod[i]), answers[0] + gap)
+        else:  # a slot frees when an answer reaches the client; one no fetch of the trace gives never frees
+            made = NEVER if answers[0] == NEVER else max(int(prod[i]), answers[0] + rtt)
+            if made != NEVER:
+                s = max(s, made)  # the broker reads a request no earlier than it was made
         j, used, done = i, 0, s
         while j < n and (j == i or int(prod[j]) <= made):
             if ok[j]:
@@ -402,20 +421,20 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
                 if ok[k]:
                     out[k] = NEVER
             i = j
-            turn = s + gap
+            turn = next_turn(s, s, gap, rtt)
             answers.append(NEVER)  # its slot never frees within the trace
             continue
         for k in range(i, j):
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
-        turn = done + gap
+        turn = next_turn(s, done, gap, rtt)
         answers.append(done)
         if i < n and int(prod[i]) <= done:
             for _ in range(turns_at(done, tn_ts, tn) - 1):
                 x = next_cycle(turn, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st_from)
                 if x == NEVER:
                     break
-                turn = x + gap
+                turn = next_turn(turn, x, gap, rtt)
                 answers.append(x)
     return out, made_at

@@ -32,14 +32,15 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             i += 1
             continue
         s = max(prod[i], turn)
-        # made when a slot freed: at the answer `slots` requests earlier, the oldest in the ring; one no fetch of
-        # the trace gives never frees within it
+        # made when a slot freed: a round trip after the answer `slots` requests earlier, the oldest in the ring;
+        # one no fetch of the trace gives never frees within it
         if n_answers < slots:
             made = prod[i]
         elif answers[n_answers % slots] == _NEVER:
             made = _NEVER
         else:
-            made = max(prod[i], answers[n_answers % slots] + gap)
+            made = max(prod[i], answers[n_answers % slots] + rtt)
+            s = max(s, made)
         j = i
         used = 0
         done = s
@@ -61,7 +62,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
                 if ok[k]:
                     out[k] = _NEVER
             i = j
-            turn = s + gap
+            turn = _next_turn(s, s, gap, rtt)
             answers[n_answers % slots] = _NEVER
             n_answers += 1
             continue
@@ -69,7 +70,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             if ok[k]:
                 out[k] = done + linger + rtt
         i = j
-        turn = done + gap
+        turn = _next_turn(s, done, gap, rtt)
         answers[n_answers % slots] = done
         n_answers += 1
         if i < n and prod[i] <= done:
@@ -79,10 +80,17 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
                 x = _next(turn, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_lead, st_live, st_from)
                 if x == _NEVER:
                     break
-                turn = x + gap
+                turn = _next_turn(turn, x, gap, rtt)
                 answers[n_answers % slots] = x
                 n_answers += 1
     return out, made_at
+
+
+@compiled(inline=True)
+def _next_turn(read, answer, gap, rtt):
+    """`replay.kafka.pipeline.next_turn`: after the answer (plus the round trip with one slot), and no earlier than
+    a round trip after the read."""
+    return max(answer + gap, read + rtt)
 
 
 @compiled(inline=True)
