@@ -6,8 +6,11 @@ message the moment it was produced. This module turns that instant into the one 
 - K-7 (acks=0, acks=1): the batch leaves linger_ms after the message and the answer comes back one round trip
   (manifest `client_round_trip_us`) after the leader's append; acks=0 counts a message as sent when its batch leaves.
 - K-6 (acks=all): the client's per-connection pipeline. The broker serves one request per connection at a time
-  (`SocketServer` mutes the channel until the response is sent), a round trip at least (`next_turn`), and an acks=all request is answered at the first
-  instant every ISR follower has fetched past its records (`DelayedProduce`, `Partition.maybeIncrementLeaderHW`).
+  (`SocketServer` mutes the channel until the response is sent), a round trip at least (`next_turn`), and an
+  acks=all request is answered at the first instant every ISR follower has fetched past its records
+  (`DelayedProduce`, `Partition.maybeIncrementLeaderHW`). A message the engine left pending at the end goes through
+  the pipeline too; a request answered after the trace holds its slot, and so do the other turns' requests behind
+  it on the connection.
   The followers fetch all partitions of one leader in one request, so every partition of that leader sees the same
   fetch instants: the trace's `replicate` events of this partition. A partition's next request is read once the
   connection's previous ones are answered; with P_b partitions led by the broker and `partitions_per_request`
@@ -151,10 +154,14 @@ class ClientPipeline:
         else:
             by_id = np.argsort(msg, kind="stable")
             sizes = size[by_id][np.searchsorted(msg[by_id], rec.msg_id[order])]
-        ok = rec.status[order] == int(Status.ACKED)
+        # every message the engine acknowledged or left pending at the end goes through the pipeline; a pending one
+        # is answered after the trace (NEVER), and so is the request that carries it
+        status = rec.status[order]
+        ok = (status == int(Status.ACKED)) | (status == int(Status.PENDING))
+        eng = np.where(status == int(Status.PENDING), NEVER, rec.ack_us[order])
         f_ts, f_kind, f_who, f_upto = (_joined([f[i] for f in self.fetch], dt)
                                        for i, dt in enumerate((np.int64, np.int8, np.int64, np.int64)))
-        return (order, rec.produce_us[order], rec.ack_us[order], ok, sizes, np.array(self.replicas, np.int64),
+        return (order, rec.produce_us[order], eng, ok, sizes, np.array(self.replicas, np.int64),
                 f_ts, f_kind, f_who, f_upto, *self.timeline(rows, f_ts, f_kind, f_who))
 
     def timeline(self, rows: Sequence[StateRow], f_ts: np.ndarray, f_kind: np.ndarray, f_who: np.ndarray
@@ -367,12 +374,14 @@ def turns_at(t: int, tn_ts, tn) -> int:
 
 def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch, reps, b_ts, b_kind, b_who, b_upto,
                   st_ts, st_mask, st_lead, st_live, st_from) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC §3.7 K-6, one request at a time, messages in produce order. A request is read by the broker at
+    """SPEC §3.7 K-6, one request at a time, messages in produce order: those `ok` marks, every message the engine
+    acknowledged (at `eng`) or left pending at the end (`eng` NEVER: its request is answered after the trace,
+    and so is every message it carries). A request is read by the broker at
     s = max(its first message's send, the partition's turn, when it was made). It was made when one of the
     connection's `slots` (max_in_flight_requests_per_connection) freed: a round trip after the answer `slots`
     requests earlier on the connection (this partition's and the other turns' alike), when that answer reaches the
-    client, or at its first message if a slot was free then. It carries the messages waiting when it was made, up to batch_size
-    bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
+    client, or at its first message if a slot was free then. It carries the messages waiting when it was made, up to
+    batch_size bytes (at least one). It is answered at the later of the fetch cycle after s and the engine's
     instant for its messages (failover, refusals, a frozen high watermark), plus the round trip. If more messages
     wait at that answer, the connection's other T − 1 requests go first, a fetch cycle each, T as at that answer
     (`turns_at`: P_b follows the leaders). A request read after the engine's instants for all its messages (a
@@ -416,13 +425,17 @@ def plan_requests(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slots, batch
         cyc = NEVER if made == NEVER else next_cycle(s, f_off, f_ts, f_upto, st_ts, st_mask, st_lead, st_live, st_from)
         if cyc != NEVER:
             done = max(done, cyc)
-        elif done == s or made == NEVER:  # no fetch of the trace answers it, and the engine answered its messages
-            for k in range(i, j):         # before it left; or it is never made: every slot waits on such a one
+        # answered after the trace: never made (every slot waits on such a one), carrying a message the engine left
+        # pending, or no fetch of the trace answers it and the engine answered its messages before it left
+        if made == NEVER or done == NEVER or (cyc == NEVER and done == s):
+            for k in range(i, j):
                 if ok[k]:
                     out[k] = NEVER
             i = j
             turn = next_turn(s, s, gap, rtt)
             answers.append(NEVER)  # its slot never frees within the trace
+            if i < n:  # nor do those of the other turns' requests behind it on the connection
+                answers.extend([NEVER] * (turns_at(s, tn_ts, tn) - 1))
             continue
         for k in range(i, j):
             if ok[k]:

@@ -163,6 +163,8 @@ def plans(draw):
     eng = prod + np.array(draw(st.lists(st.integers(0, 300_000), min_size=n, max_size=n)), np.int64)
     ok = np.ones(n, np.bool_)
     ok[draw(st.lists(st.integers(0, n - 1), max_size=3))] = False  # refused or failed in the engine
+    eng[n - draw(st.integers(0, min(n, 4))):] = NEVER  # left pending at the end by the engine
+    eng[draw(st.lists(st.integers(0, n - 1), max_size=2))] = NEVER
     size = np.array(draw(st.lists(st.sampled_from([100, 3000, 9000]), min_size=n, max_size=n)), np.int64)
     every = draw(st.sampled_from([20_000, 100_000, 250_000]))
     end = int(prod[-1]) + draw(st.sampled_from([0, 2 * S, 30 * S]))
@@ -231,3 +233,35 @@ def test_a_request_carries_what_waited_when_its_slot_freed():
 
     assert acks(2, 0) == [100, 200, 300, 300, 400, 400, 400, 500, 500, 500, 600, 600, 600, 600]
     assert acks(1, 1000) == [100, 200, 200, 200, 300, 300, 300, 400, 400, 400, 500, 500, 500, 500]
+
+
+def test_a_request_answered_after_the_trace_holds_its_slot_and_the_other_turns_behind_it():
+    """SPEC §3.7 K-6 with 5 slots and one message per request, a message every 30 ms, fetches every 100 ms until
+    1 s; the engine leaves every message from 305 ms on pending (its high watermark never passes them). Those go
+    through the pipeline too: a request carrying one is answered after the trace and its slot never frees. With
+    T = 1 the five requests of m11-m15 are in flight at the end and m16-m24 are never made. With T = 3 the two
+    other partitions' requests behind each unanswered one take slots too: only m5 and m6 are in flight at the end
+    (with the other turns' four), m7-m24 are never made."""
+    prod = np.arange(5_000, 700_000, 30_000, dtype=np.int64)
+    n = len(prod)
+    fetch = np.arange(100_000, 1_000_001, 100_000, dtype=np.int64)
+    b_ts, b_who = np.repeat(fetch, 2), np.tile(np.array([1, 2], np.int64), len(fetch))
+    eng = np.where(prod > 300_000, NEVER, prod)
+    common = dict(reps=np.array([0, 1, 2], np.int64), b_ts=b_ts, b_kind=np.full(len(b_ts), int(Kind.REPLICATE),
+                  np.int8), b_who=b_who, b_upto=b_ts.copy(), st_ts=np.array([0], np.int64),
+                  st_mask=np.array([0b110], np.int64), st_lead=np.array([0], np.int64), st_live=np.array([True]),
+                  st_from=np.array([0], np.int64))
+
+    def plan(turns: int, planner) -> tuple[list, list]:
+        out, made = planner(prod, eng, np.ones(n, np.bool_), np.full(n, 100, np.int64), 0, 0,
+                            np.array([0], np.int64), np.array([turns], np.int64), 0, 5, 100, **common)
+        ms = [None if m == NEVER else int(m) // 1000 for m in made]
+        return [None if a == NEVER else int(a) // 1000 for a in out], ms
+
+    for planner in (plan_requests, plan_requests_compiled):
+        out, made = plan(1, planner)
+        assert out == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000] + [None] * 14
+        assert made == [5, 35, 65, 95, 125, 155, 200, 300, 400, 500, 600, 700, 800, 900, 1000] + [None] * 9
+        out, made = plan(3, planner)
+        assert out == [100, 400, 700, 1000] + [None] * 20
+        assert made == [5, 35, 200, 500, 600, 900] + [None] * 18

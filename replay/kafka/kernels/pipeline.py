@@ -57,7 +57,7 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             cyc = _next(s, cur, row, reps, b_ts, b_kind, b_who, b_upto, st_ts, st_mask, st_lead, st_live, st_from)
         if cyc != _NEVER:
             done = max(done, cyc)
-        elif done == s or made == _NEVER:  # beyond the trace, or never made (`plan_requests`)
+        if made == _NEVER or done == _NEVER or (cyc == _NEVER and done == s):  # after the trace (`plan_requests`)
             for k in range(i, j):
                 if ok[k]:
                     out[k] = _NEVER
@@ -65,6 +65,12 @@ def plan_requests_compiled(prod, eng, ok, size, linger, rtt, tn_ts, tn, gap, slo
             turn = _next_turn(s, s, gap, rtt)
             answers[n_answers % slots] = _NEVER
             n_answers += 1
+            if i < n:  # nor do those of the other turns' requests behind it on the connection
+                while step + 1 < len(tn_ts) and tn_ts[step + 1] <= s:
+                    step += 1
+                for _ in range(tn[step] - 1):
+                    answers[n_answers % slots] = _NEVER
+                    n_answers += 1
             continue
         for k in range(i, j):
             if ok[k]:
