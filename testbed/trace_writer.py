@@ -50,16 +50,21 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
     """
     # (topic, partition, offset) -> [(append_us, instant_us)] of every record seen at that offset
     known: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
+    faults = rec.state_faults()
+    zombie = zombie_windows(rec, faults)
     for i, deliveries in enumerate(rec.deliveries):
         for mid, d in deliveries.items():
-            if d.offset is not None and d.append_ms is not None:
-                known[(topic_of(i), rec.partition[i][mid], d.offset)].append(
-                    _instant(d.append_ms * 1000 - rec.t0_us, rec.sent_us[mid]))
+            if d.offset is None or d.append_ms is None:
+                continue
+            key, append_us = (topic_of(i), rec.partition[i][mid]), d.append_ms * 1000 - rec.t0_us
+            read = rec.reads[i].get(mid) if i < len(rec.reads) else None
+            if (read is None or read[1] != d.offset) and any(a < append_us <= b for a, b in zombie.get(key, ())):
+                continue  # appended by an isolated leader, truncated when it healed: no follower ever held it
+            known[(*key, d.offset)].append(_instant(append_us, rec.sent_us[mid]))
     for i, reads in enumerate(rec.reads):
         for mid, (p, off, ms) in reads.items():
             known[(topic_of(i), p, off)].append(_instant(ms * 1000 - rec.t0_us, rec.sent_us[mid]))
     replicas = {(topic_of(i), p): set(r) for i, reps in enumerate(rec.replicas) for p, r in reps.items()}
-    faults = rec.state_faults()
     away = away_at(faults)
 
     out = []
@@ -85,6 +90,25 @@ def replicate_events(rec: Recording) -> list[tuple[int, int, int]]:
         upto = max(0, min(upto, s.ts_us), last.get(s.broker, 0))
         last[s.broker] = upto
         out.append((s.ts_us, s.broker, upto))
+    return out
+
+
+def zombie_windows(rec: Recording, faults: list[tuple[int, Kind, int]]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """(topic, partition) -> the (isolate, heal] windows of each broker that led it when it was cut off. Clients
+    that have not refreshed their metadata keep writing to such a leader (acks=0 and acks=1 are answered, SPEC §3.2
+    rule 10) at offsets its successor fills with other records; no follower fetches from it, and it truncates them
+    when it heals. Read as the follower's next record, one of those would hold the follower's upto_us back to its
+    instant for every partition it follows."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for t, kind, b in faults:
+        if kind is not Kind.ISOLATE:
+            continue
+        heal = min([u for u, k, c in faults if c == b and u > t and k in (Kind.HEAL, Kind.CRASH, Kind.SHUTDOWN)],
+                   default=2**62)
+        before = [s for s in rec.samples if s.broker == b and s.ts_us <= t]
+        if before:
+            for key in max(before, key=lambda s: s.ts_us).leads:
+                out[key].append((t, heal))
     return out
 
 
