@@ -153,8 +153,10 @@ def handover_samples(samples: list[Sample], faults: list[tuple[int, Kind, int]],
 
 #: A record that reached its leader later than this after its send was held back by its producer, not delayed
 #: on the way: the idempotent acks=all producer keeps at most 5 requests in flight, each waiting for a follower
-#: fetch (up to fetch_interval_ms), so under load its records reach the leader seconds after their send.
-HELD_BACK_US = 100_000
+#: fetch (up to fetch_interval_ms), so under load its records reach the leader seconds after their send. A record
+#: not held back takes linger.ms (5 ms) and one request's trip (the testbed's acks=0/1 round trips: 2-13 ms); a
+#: larger margin reads every follower of a held-back topic as that much behind, one more fetch cycle per request.
+HELD_BACK_US = 20_000
 
 
 def _instant(append_us: int, sent_us: int) -> tuple[int, int]:

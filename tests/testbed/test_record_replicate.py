@@ -67,6 +67,24 @@ def test_a_record_its_producer_held_back_counts_from_its_append():
     assert {b: upto for _, b, upto in replicate_events(rec)} == {1: 7_050_000 - HELD_BACK_US - 1}
 
 
+
+def test_a_record_only_an_isolated_leader_took_does_not_hold_its_successors_followers_back():
+    # Broker 0 leads and is cut off at 15 ms (healed at 50 ms); a client with old metadata has it append msg 20 (sent
+    # at 16 ms) at offset 4, truncated at the heal. Broker 1 leads from 25 ms; broker 2, its follower, holds offsets
+    # 0-3 at 30 ms, everything broker 1 has: caught up. Had msg 20 survived (read back at offset 4), broker 2 would
+    # lack it.
+    def upto(survives: bool) -> dict[int, int]:
+        rec = _recording([Sample(25_000, 1, {(TOPIC, 0): 4}, {(TOPIC, 0)}), Sample(30_000, 2, {(TOPIC, 0): 4}, set())])
+        rec.faults = [(15_000, Kind.ISOLATE, 0), (50_000, Kind.HEAL, 0)]
+        rec.sent_us[20] = 16_000
+        rec.partition[0][20] = 0
+        rec.deliveries[0][20] = Delivery(18_000, None, 4, 17)
+        rec.reads = [{20: (0, 4, 17)} if survives else {}]
+        return {b: u for _, b, u in replicate_events(rec)}
+
+    assert upto(survives=False) == {2: 30_000}
+    assert upto(survives=True) == {2: 15_999}
+
 #: Broker 0 leads and shuts down: the signal at 11.5 ms, the handover (its log turning follower) at 20 ms.
 HANDOVER_US = 20_000
 
