@@ -70,6 +70,15 @@ def debug_logging(contexts: str, path: Path) -> dict[str, Any]:
     return {"debug": contexts, "log_level": 7, "logger": logger}
 
 
+def close_debug_log(config: dict[str, Any]) -> None:
+    """Close the file `debug_logging` opened for a producer's config, once the producer is flushed."""
+    logger = config.get("logger")
+    if logger is not None:
+        for handler in list(logger.handlers):
+            handler.close()
+            logger.removeHandler(handler)
+
+
 def partitions_of(policy: KafkaPolicy, table: pa.Table) -> np.ndarray:
     from replay.kafka.routing import kafka_route
     from replay.local import msg_rank

@@ -27,6 +27,7 @@ from schemas.errors import BadInput
 from schemas.trace import Kind, Manifest
 from testbed.clients import (
     ResilientProducer,
+    close_debug_log,
     debug_logging,
     idempotent,
     partitions_of,
@@ -93,12 +94,13 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
 
     callback_errors: list[str] = []
     rec.cpu = CpuMeter(cluster.node_of_pgid)
-    producers = []
+    producers, configs = [], []
     for i, p in enumerate(policies):
         before = thread_ids()
         config = producer_config(p, cluster.bootstrap, functools.partial(on_stats, i))
         if client_debug:
             config |= debug_logging(client_debug, cluster.workdir / f"librdkafka-{topic_of(i)}.log")
+        configs.append(config)
         producers.append(ResilientProducer(Producer, config))
         # connect and fetch metadata before the clock starts; then its broker threads exist and get its name in
         # the CPU shares
@@ -190,9 +192,10 @@ def record(cluster: KafkaCluster, schedule: Schedule, policies: list[KafkaPolicy
     if callback_errors:
         raise RuntimeError(f"{len(callback_errors)} delivery reports could not be read, first: {callback_errors[0]}")
     # SPEC §4.1 judges at duration_us: nothing more is sent; what was queued but never sent is absent.
-    for pr in producers:
+    for pr, config in zip(producers, configs, strict=True):
         pr.purge(in_queue=True, in_flight=False)
         pr.flush(10)
+        close_debug_log(config)
     # A restart late in the trace takes effect after it: wait for its instant (after the flush, so that the
     # producers are not left unpolled meanwhile).
     for w in watchers:

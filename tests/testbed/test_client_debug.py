@@ -14,7 +14,7 @@ def test_the_debug_log_holds_librdkafkas_events_with_their_instants(tmp_path):
     from confluent_kafka import Producer
 
     from replay.policies import parse_policy
-    from testbed.clients import debug_logging, producer_config
+    from testbed.clients import close_debug_log, debug_logging, producer_config
 
     log = tmp_path / "librdkafka-replab-p0.log"
     config = producer_config(parse_policy("kafka-durable"), "127.0.0.1:1") | debug_logging("broker,eos", log)
@@ -31,6 +31,9 @@ def test_the_debug_log_holds_librdkafkas_events_with_their_instants(tmp_path):
     assert lines and all(events), lines[:3]
     assert {"BROKER", "IDEMPSTATE"} <= {m[2] for m in events}  # broker threads; the idempotent producer's states
     assert all(before - 1 <= float(m[1]) <= time.time() + 1 for m in events)
+    handler = config["logger"].handlers[0]
+    close_debug_log(config)
+    assert handler.stream is None and not config["logger"].handlers  # the file is closed once flushed
 
 
 def test_rocketmq_runs_refuse_it_before_starting_anything(tmp_path, capsys):
