@@ -131,7 +131,7 @@ def interval(a: float, se: float, skew: float = 0.0, denominator: float = 1.0) -
     that drew none of the few heavy episodes (their mean and spread both fall short), but it also raises the lower
     end, and the sample skewness is largest exactly in the samples where a heavy episode was drawn and pushed the
     mean above the true value: there the lower end rose to the estimate and the true value fell below it (in the
-    Markov check at 1e-3, two misses below for each one above). The union keeps the widening and drops the
+    Markov check at 1e-3, 1.7 misses below for each one above). The union keeps the widening and drops the
     narrowing; it covers whenever either interval does."""
     g = skew * (2 * Z95**2 + 1) / 6
     low = a - se * (Z95 + max(-g, 0.0))
