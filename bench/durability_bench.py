@@ -43,6 +43,8 @@ class DurabilityRow:
     load_average: float
     nines: dict[str, list[float | None]] = field(default_factory=dict)  # label -> [low, estimate, high]
     rel_half_width: dict[str, float | None] = field(default_factory=dict)
+    episodes_per_stratum: dict[str, int] = field(default_factory=dict)
+    cpu_s_per_stratum: dict[str, float] = field(default_factory=dict)
 
 
 def run(budget_s: float, batch: int, seed: int, rows_out: str | None = None) -> DurabilityRow:
@@ -77,7 +79,10 @@ def run(budget_s: float, batch: int, seed: int, rows_out: str | None = None) -> 
         live[-1] if live else None, live[len(live) // 2] if live else None, sum(v is None for v in rel.values()),
         os.getloadavg()[0],
         {pre.name: [finite(f["nines"]["low"]), finite(f["nines"]["estimate"]), finite(f["nines"]["high"])]
-         for (pre, _), f in zip(pairs, figures, strict=True)}, rel)
+         for (pre, _), f in zip(pairs, figures, strict=True)}, rel,
+        {p.name: sum(r["stratum"] == k for r in est.rows) for k, p in enumerate(spec.rates.processes)},
+        {p.name: sum(r["cpu_seconds"] for r in est.rows if r["stratum"] == k)
+         for k, p in enumerate(spec.rates.processes)})
 
 
 @dataclass

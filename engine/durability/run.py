@@ -21,7 +21,6 @@ from engine.durability.episodes import (
     Episode,
     EpisodeSampler,
     initial_rates_per_year,
-    mixture_weight,
     recovery_log_ratio,
 )
 from engine.durability.estimate import Stratum, policy_figures, stratum_moments, weight_diagnostics
@@ -37,6 +36,8 @@ MIN_PER_STRATUM = 8
 DEFENSIVE_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: The share every stratum starts with, until it has MIN_PER_STRATUM episodes.
 DEFENSIVE_START = 0.3
+#: Share of all episodes the allocation spreads evenly over the strata whatever their spread (`Estimate.allocation`).
+FLOOR_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ def strata_of(rows: Sequence[dict[str, Any]], n_strata: int, per_year: np.ndarra
     out = []
     for k in range(n_strata):
         rs = [r for r in rows if r["stratum"] == k]
-        w = np.array([math.exp(_log_p(r, per_second) - r["log_q"] + (recovery(r) if recovery else 0.0))
-                      for r in rs])
+        log_w = _log_p(rs, per_second) - np.array([r["log_q"] for r in rs], dtype=np.float64)
+        if recovery:
+            log_w += np.array([recovery(r) for r in rs], dtype=np.float64)
+        w = np.exp(log_w)
 
         def col(name: str, rs: list = rs) -> np.ndarray:
             return np.array([r[name] for r in rs], dtype=np.float64).reshape(len(rs), n_policies)
@@ -114,14 +117,17 @@ def strata_of(rows: Sequence[dict[str, Any]], n_strata: int, per_year: np.ndarra
     return out
 
 
-def _log_p(row: dict[str, Any], per_second: np.ndarray) -> float:
-    counts = np.asarray(row["counts"])
-    exposure = np.asarray(row["exposure_s"])
-    if np.any((counts > 0) & (per_second <= 0)):
-        return -math.inf
+def _log_p(rows: Sequence[dict[str, Any]], per_second: np.ndarray) -> np.ndarray:
+    """Each row's log density of its inside-episode faults under the rates `per_second` (−inf where a process
+    with rate 0 struck)."""
+    if not rows:
+        return np.zeros(0)
+    counts = np.array([r["counts"] for r in rows], dtype=np.float64)
+    exposure = np.array([r["exposure_s"] for r in rows], dtype=np.float64)
     with np.errstate(divide="ignore"):
         logs = np.where(counts > 0, np.log(np.where(per_second > 0, per_second, 1.0)), 0.0)
-    return float(np.sum(counts * logs - per_second * exposure))
+    out = np.sum(counts * logs - per_second * exposure, axis=1)
+    return np.where(np.any((counts > 0) & (per_second <= 0), axis=1), -np.inf, out)
 
 
 @dataclass
@@ -183,7 +189,7 @@ class Estimate:
             z = s.weights[:, None] * s.lost[:, live]  # (n, live policies)
             best, best_cost = default, math.inf
             for d in DEFENSIVE_GRID:
-                w_d = np.array([mixture_weight(d, x) for x in ratio])
+                w_d = _mixture_weights(d, ratio)
                 second = (w_d[:, None] * s.weights[:, None] * s.lost[:, live]).mean(axis=0)
                 cost = float((rho[live] * (second - z.mean(axis=0) ** 2) / rate[live] ** 2).sum())
                 if cost < best_cost:
@@ -192,30 +198,36 @@ class Estimate:
         return out
 
     def allocation(self, batch: int) -> list[int]:
-        """Episodes per stratum for the next round, at least one each (strata with Λ_k = 0 get none).
+        """Episodes per stratum for the next round (strata with Λ_k = 0 get none).
 
-        Until every stratum has MIN_PER_STRATUM episodes, the short ones share the round. Then Neyman allocation
-        (Cochran, Sampling Techniques, §5.5) for the policies' *relative* variances: policy j's estimate of its
-        yearly loss rate R_j has relative variance Σ_k Λ_k²·s_kj² / (n_k·R_j²) (s_kj: the spread of w·L among
-        stratum k's episodes, `stratum_moments`), and n_k ∝ Λ_k·sqrt(Σ_j ρ_j·s_kj²/R_j²) minimises
-        Σ_j ρ_j·RelVar_j for a given number of episodes. The weights ρ_j are the policies' current relative
-        variances, so the policies farthest from the target, which decide when the run may stop, get the most: a
-        pooled spread would let the policies with the largest absolute rate (everything that loses on any crash)
-        take the episodes the rarest-losing ones need. The allocation depends on the episodes alone, not on their
-        CPU time, so a seed gives the same episodes on any machine.
+        Until every stratum has MIN_PER_STRATUM episodes, the short ones share the round. Then the round goes where
+        it lowers the **worst** policy's relative variance most. Policy j's estimate of its yearly loss rate R_j has
+        relative variance V_j = Σ_k A_kj / n_k with A_kj = Λ_k²·s_kj² / R_j² (s_kj: the spread of w·L among stratum
+        k's episodes, `stratum_moments`). The run stops when max_j V_j reaches the target, so the episodes after
+        this round, n_k + m_k (Σ m_k = batch, m_k ≥ 0), minimise max_j V_j: the allocation for several variables at
+        once (Cochran, Sampling Techniques, §5A.3; Chromy's algorithm, "Design optimization with multiple
+        objectives", 1987), solved as Neyman allocation (n_k ∝ Λ_k·(Σ_j u_j·s_kj²/R_j²)^½, Cochran §5.5) on policy
+        weights u_j that are raised where V_j is largest until the binding policies' variances are level
+        (`minimax_allocation`). A weighted sum instead (u_j fixed, for instance the current V_j) still spends much
+        of each round on policies that are not the worst, and a fixed share of the round per stratum even more.
+        Every live stratum keeps at least MIN_PER_STRATUM episodes plus FLOOR_SHARE of all episodes spread evenly:
+        a stratum where no policy has lost yet shows no spread and would otherwise never get another episode, so
+        a loss mechanism it holds but has not shown could stay unseen. The allocation depends on the episodes alone,
+        not on their CPU time, so a seed gives the same episodes on any machine.
         """
         strata = self.strata()
         if any(s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata):
             short = [s.per_year > 0 and s.n < MIN_PER_STRATUM for s in strata]
             return [math.ceil(batch / sum(short)) if x else 0 for x in short]
         per_year = np.array([s.per_year for s in strata])
-        rate, rho, spread2 = self._relative_weights(strata)
-        live = rate > 0
-        need = per_year * np.sqrt((spread2[:, live] / rate[live] ** 2 * rho[None, live]).sum(axis=1))
-        total = float(need.sum())
-        if total <= 0:
-            return [max(1, round(batch / len(strata))) if x > 0 else 0 for x in per_year]
-        return [max(1, round(batch * x / total)) if p > 0 else 0 for x, p in zip(need, per_year, strict=True)]
+        live = per_year > 0
+        n = np.array([s.n for s in strata], dtype=np.float64)
+        rate, _, spread2 = self._relative_weights(strata)
+        lost = rate > 0
+        coeff = per_year[:, None] ** 2 * spread2[:, lost] / rate[lost] ** 2  # A_kj, (K, live policies)
+        floor = np.where(live, MIN_PER_STRATUM + FLOOR_SHARE * (n[live].sum() + batch) / live.sum(), 0.0)
+        target = minimax_allocation(coeff, n, batch, floor, live)
+        return _whole(np.maximum(target - n, 0.0), batch)
 
     def _relative_weights(self, strata: list[Stratum]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per policy: the yearly loss rate R_j and its current relative variance ρ_j (0 where R_j = 0); per stratum
@@ -249,6 +261,71 @@ class Estimate:
                                                                          self.defensive_shares(), strict=True)},
                 "cpu_seconds": cpu, "episodes_per_cpu_second": len(self.rows) / cpu if cpu else None,
                 "truncated": int(sum(r["truncated"] for r in self.rows))}
+
+
+def _mixture_weights(delta: float, log_forcing_ratio: np.ndarray) -> np.ndarray:
+    """`episodes.mixture_weight` of many episodes at once."""
+    x = math.log1p(-delta) + log_forcing_ratio
+    with np.errstate(over="ignore"):
+        return np.where(x > 700, np.exp(-x), 1.0 / (delta + np.exp(np.minimum(x, 700.0))))
+
+
+def minimax_allocation(coeff: np.ndarray, n: np.ndarray, batch: int, floor: np.ndarray, live: np.ndarray,
+                       iterations: int = 200) -> np.ndarray:
+    """Episodes per stratum after a round of `batch` more, n'_k ≥ max(n_k, floor_k), Σ n' = Σ n + batch, that
+    minimise max_j Σ_k coeff_kj / n'_k (`Estimate.allocation`), over the `live` strata.
+
+    For policy weights u on the simplex, the minimiser of Σ_j u_j·Σ_k coeff_kj / n'_k is Neyman's
+    n'_k = max(lower_k, t·(Σ_j u_j·coeff_kj)^½) with t set by the total (water filling); the minimax allocation is
+    that of the weights where every policy with u_j > 0 has the largest variance (Lagrange duality). The weights are
+    found by multiplicative updates, u_j ∝ u_j·V_j (as Chromy's algorithm updates its constraints' multipliers),
+    keeping the best allocation seen: deterministic,
+    and a few hundred steps on a strata × policies matrix take milliseconds."""
+    lower = np.where(live, np.maximum(n, floor), 0.0)
+    total = float(n[live].sum()) + batch
+    if lower.sum() >= total:  # the floors take the round: fill the strata furthest below theirs
+        need = np.maximum(lower - n, 0.0)
+        return n + need * (batch / need.sum()) if need.sum() > 0 else n
+    if live.sum() == 1 or coeff.size == 0 or not np.any(coeff[live] > 0):
+        return lower + (total - lower.sum()) * live / live.sum()
+    u = np.full(coeff.shape[1], 1.0 / coeff.shape[1])
+    best, best_worst = lower, math.inf
+    for _ in range(iterations):
+        need = np.where(live, np.sqrt(coeff @ u), 0.0)
+        alloc = _water_fill(need, lower, total)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(alloc[:, None] > 0, coeff / np.where(alloc > 0, alloc, 1.0)[:, None], 0.0).sum(axis=0)
+        worst = float(v.max())
+        if worst < best_worst * (1 - 1e-12):
+            best, best_worst = alloc, worst
+        u = u * v / worst
+        u = u / u.sum()
+    return best
+
+
+def _water_fill(need: np.ndarray, lower: np.ndarray, total: float) -> np.ndarray:
+    """max(lower_k, t·need_k) summing to `total` (≥ Σ lower): t from the strata above their lower bound, which
+    shrink until none of them would fall below it."""
+    active = need > 0
+    if not active.any():
+        return lower
+    while True:
+        t = (total - float(lower[~active].sum())) / float(need[active].sum())
+        below = active & (t * need < lower)
+        if not below.any():
+            return np.where(active, t * need, lower)
+        active &= ~below
+
+
+def _whole(extra: np.ndarray, batch: int) -> list[int]:
+    """Whole episodes per stratum summing to `batch`, in proportion to `extra` (largest remainders)."""
+    if extra.sum() <= 0:
+        return [0] * len(extra)
+    x = extra * (batch / extra.sum())
+    out = np.floor(x).astype(int)
+    for k in np.argsort(-(x - out), kind="stable")[: batch - int(out.sum())]:
+        out[k] += 1
+    return out.tolist()
 
 
 def next_work(est: Estimate, batch: int) -> list[tuple[int, int, float]]:

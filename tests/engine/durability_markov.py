@@ -70,3 +70,60 @@ def afr_for(target_rate_per_year: float, repair_mean_s: float = REPAIR_MEAN_S) -
         rate = 3 * mid * absorption_from_one(mid, mu)
         lo, hi = (mid, hi) if rate < target_rate_per_year else (lo, mid)
     return (lo * hi) ** 0.5
+
+
+def chain_judge(episode, stratum: int, index: int):
+    """The chain's verdict on an episode: an acknowledged message is lost exactly when all three replicas are down
+    at once (what the kernels say of the same episodes: `test_replayed_verdict_equals_the_chain_absorption`)."""
+    from engine.durability.judge import Verdict
+
+    return [Verdict(episode.max_down == 3, 0.0, 0.0, 0.0)]
+
+
+def chain_spec(afr: float, seed: int, repair_mean_s: float = REPAIR_MEAN_S):
+    """The estimator's spec for the chain: the `demo` workload on three brokers in three racks, disk losses only,
+    one policy (judged by `chain_judge`)."""
+    from engine.durability.run import DurabilitySpec
+    from generators.library import resolve_scenario
+    from replay.policies import parse_policy
+    from schemas.trace import Broker
+
+    demo = resolve_scenario("demo")
+    scenario = dataclasses.replace(demo, brokers=tuple(Broker(b, r) for b, r in BROKERS.items()))
+    return DurabilitySpec(scenario, disk_only_rates(afr, repair_mean_s), (parse_policy("kafka-durable"),), seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainRun:
+    """One run of the estimator on the chain: its yearly rate of losing episodes (before the renewal denominator,
+    which the chain's exact value does not include), its interval, and what the interval was made of."""
+
+    exact: float
+    estimate: float
+    low: float
+    high: float
+    se: float
+    skew: float
+    shares: tuple[float, ...]  # the mixture shares δ the rounds used
+
+    @property
+    def covers(self) -> bool:
+        return self.low <= self.exact <= self.high
+
+
+def estimator_run(target: float, episodes: int, seed: int, batch: int = 250) -> ChainRun:
+    """`replab durability`'s estimator (`engine.durability.run.estimate_local`: rounds, the mixture share adapted per
+    stratum, `estimate.policy_figures`' interval) on the chain whose yearly loss rate is `target`."""
+    from engine.durability.estimate import renewal_denominator, skewness, yearly
+    from engine.durability.run import estimate_local
+
+    afr = afr_for(target)
+    est = estimate_local(chain_spec(afr, seed), episodes=episodes, batch=batch, judge=chain_judge)
+    strata = est.strata()
+    den = renewal_denominator(strata)
+    (fig,) = est.figures()
+    rate = fig["losing_episodes_per_year"]
+    _, se = yearly(strata, "lost", 0)
+    shares = tuple(sorted({r["defensive"] for r in est.rows}))
+    return ChainRun(3 * afr * absorption_from_one(afr, SECONDS_PER_YEAR / REPAIR_MEAN_S), rate["estimate"] * den,
+                    rate["low"] * den, rate["high"] * den, se, skewness(strata, "lost", 0), shares)
