@@ -162,9 +162,16 @@ class _Cluster:
         return sum(1 for b in self.brokers if self.causes[b])
 
 
-def mixture_weight(delta: float, log_forcing_ratio: float) -> float:
+def mixture_weight(delta: float, log_forcing_ratio: float | np.ndarray) -> float | np.ndarray:
     """An episode's likelihood ratio under the sampling rates, m / (δ·m + (1 − δ)·f), from log(f / m) over its
-    biased steps (elsewhere the model's and forcing's densities are equal)."""
+    biased steps (elsewhere the model's and forcing's densities are equal); of many episodes at once when given
+    an array (the estimator's choice of δ)."""
+    if np.ndim(log_forcing_ratio):
+        if delta >= 1.0:
+            return np.ones(np.shape(log_forcing_ratio))
+        x = math.log1p(-delta) + np.asarray(log_forcing_ratio, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            return np.where(x > 700, np.exp(-x), 1.0 / (delta + np.exp(np.minimum(x, 700.0))))
     if delta >= 1.0:
         return 1.0
     x = math.log1p(-delta) + log_forcing_ratio

@@ -21,6 +21,7 @@ from engine.durability.episodes import (
     Episode,
     EpisodeSampler,
     initial_rates_per_year,
+    mixture_weight,
     recovery_log_ratio,
 )
 from engine.durability.estimate import Stratum, policy_figures, stratum_moments, weight_diagnostics
@@ -189,7 +190,7 @@ class Estimate:
             z = s.weights[:, None] * s.lost[:, live]  # (n, live policies)
             best, best_cost = default, math.inf
             for d in DEFENSIVE_GRID:
-                w_d = _mixture_weights(d, ratio)
+                w_d = mixture_weight(d, ratio)
                 second = (w_d[:, None] * s.weights[:, None] * s.lost[:, live]).mean(axis=0)
                 cost = float((rho[live] * (second - z.mean(axis=0) ** 2) / rate[live] ** 2).sum())
                 if cost < best_cost:
@@ -261,13 +262,6 @@ class Estimate:
                                                                          self.defensive_shares(), strict=True)},
                 "cpu_seconds": cpu, "episodes_per_cpu_second": len(self.rows) / cpu if cpu else None,
                 "truncated": int(sum(r["truncated"] for r in self.rows))}
-
-
-def _mixture_weights(delta: float, log_forcing_ratio: np.ndarray) -> np.ndarray:
-    """`episodes.mixture_weight` of many episodes at once."""
-    x = math.log1p(-delta) + log_forcing_ratio
-    with np.errstate(over="ignore"):
-        return np.where(x > 700, np.exp(-x), 1.0 / (delta + np.exp(np.minimum(x, 700.0))))
 
 
 def minimax_allocation(coeff: np.ndarray, n: np.ndarray, batch: int, floor: np.ndarray, live: np.ndarray,
